@@ -1,0 +1,319 @@
+"""Checking an implementation against the float64 oracle.
+
+The rules are the seed benchmark's, made stricter where it is weak:
+
+* the tolerance rule of the definition (element: |out - ref| <= atol + rtol*|ref|; case:
+  matched ratio, optional max-abs bound);
+* NaN or Inf in an output fails (``nonfinite``), unless the oracle has the same
+  non-finite value at that position by construction (e.g. a NaN e4m3 scale code);
+* an all-zero output against a non-zero oracle fails (``all_zero``);
+* the device allocator is poisoned with NaN before each call, so output elements the
+  implementation never wrote show up as NaN rather than as stale or zero memory;
+* every case draws fresh inputs (seed + case index);
+* the implementation may not mutate its inputs (``mutated_input``), return tensors that
+  alias them (``aliased_output``), return a cached result (``cached_result``: a second
+  call on different inputs returns the same outputs), or hand back buffers it overwrites
+  on the next call (``output_reused``);
+* wrong output count, shape or dtype (``bad_outputs``) and exceptions (``raised``).
+
+Each violation is reported by name in :class:`CaseResult.violations`.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from . import ops as _ops
+from .definitions import Case, Definition, Tolerance
+from .inputs import generate_inputs
+from .validate import bind_axes, check_outputs_shape
+
+__all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
+           "fingerprint", "poison_allocator", "VIOLATIONS"]
+
+VIOLATIONS = ("tolerance", "nonfinite", "all_zero", "max_abs", "mutated_input", "aliased_output",
+              "cached_result", "output_reused", "bad_outputs", "raised")
+
+
+# --------------------------------------------------------------------------- comparison
+@dataclass
+class OutputMetrics:
+    name: str
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    matched_ratio: float
+    numel: int
+    nonfinite: int          # non-finite output elements the oracle does not share
+    all_zero: bool
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    worst_index: tuple[int, ...] | None = None
+
+    def margin(self, tol: Tolerance) -> float:
+        """Matched ratio minus the required ratio (negative: failing)."""
+        return self.matched_ratio - tol.min_matched_ratio
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output") -> OutputMetrics:
+    """Compare an implementation's output with the oracle's under ``tol``."""
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
+    # a non-finite output is acceptable only where the oracle has the very same value
+    same_nonfinite = (~o_fin) & (~r_fin) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
+    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum())
+    both = o_fin & r_fin
+    inf = torch.full_like(o, math.inf)
+    diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o), inf))
+    ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
+    numel = o.numel()
+    matched = float(ok.sum()) / numel if numel else 1.0
+    finite_diff = diff[both]
+    max_abs = float(finite_diff.max()) if finite_diff.numel() else 0.0
+    if bad_nonfinite:
+        max_abs = math.inf
+    mean_abs = float(finite_diff.mean()) if finite_diff.numel() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(r[both])) if both.any() else 0.0
+    err_norm = float(torch.linalg.vector_norm(finite_diff)) if finite_diff.numel() else 0.0
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    all_zero = bool(numel) and bool((o == 0).all()) and bool((r[r_fin] != 0).any())
+    reasons = []
+    if bad_nonfinite:
+        reasons.append("nonfinite")
+    if all_zero:
+        reasons.append("all_zero")
+    if matched < tol.min_matched_ratio:
+        reasons.append("tolerance")
+    if tol.max_abs_error is not None and max_abs > tol.max_abs_error:
+        reasons.append("max_abs")
+    worst = None
+    if numel:
+        worst = tuple(int(i) for i in torch.unravel_index(torch.argmax(diff.flatten()), o.shape))
+    return OutputMetrics(name, max_abs, mean_abs, rel_l2, matched, numel, bad_nonfinite, all_zero,
+                         not reasons, reasons, worst)
+
+
+# --------------------------------------------------------------------------- hygiene checks
+def fingerprint(t: Any) -> Any:
+    """A cheap content fingerprint (bitwise) of a tensor, computed where it lives."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    width = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
+    bits = t.detach().contiguous().view(width).flatten().to(torch.int64)
+    weights = torch.arange(1, bits.numel() + 1, device=bits.device, dtype=torch.int64) % 1_000_003
+    return (tuple(t.shape), t.dtype, int(bits.sum()), int((bits * weights).sum()))
+
+
+def _storage_span(t: torch.Tensor) -> tuple[int, int]:
+    s = t.untyped_storage()
+    return s.data_ptr(), s.data_ptr() + s.nbytes()
+
+
+def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.device != b.device:
+        return False
+    a0, a1 = _storage_span(a)
+    b0, b1 = _storage_span(b)
+    return a0 < b1 and b0 < a1 and a1 > a0 and b1 > b0
+
+
+def poison_allocator(device: torch.device, nbytes: int) -> None:
+    """Fill memory the caching allocator will hand out next with NaN.
+
+    On CUDA, a freed block stays in torch's cache and is reused for the next allocations
+    of similar size, so outputs an implementation allocates but never fully writes show
+    NaN. On the CPU, large allocations come fresh from the OS (zeros); unwritten elements
+    are then caught by the comparison with the oracle and the all-zero rule."""
+    if device.type != "cuda" or nbytes <= 0:
+        return
+    block = torch.empty(int(nbytes) // 4 + 1, dtype=torch.float32, device=device)
+    block.fill_(float("nan"))
+    del block
+
+
+# --------------------------------------------------------------------------- one case
+@dataclass
+class CaseResult:
+    case: int
+    axes: dict[str, int]
+    outputs: list[OutputMetrics]
+    violations: list[str]
+    messages: list[str]
+    passed: bool
+    impl_seconds: float
+    oracle_seconds: float
+    seed: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _as_tuple(outputs: Any) -> tuple:
+    if isinstance(outputs, torch.Tensor):
+        return (outputs,)
+    return tuple(outputs) if isinstance(outputs, (tuple, list)) else outputs
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device: torch.device,
+             mode: str = "benchmark", reference: Callable | None = None,
+             inputs: Sequence[Any] | None = None, hygiene: bool = True) -> CaseResult:
+    """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules."""
+    reference = reference or _ops.resolve_impl(defn, "reference")
+    case_seed = seed + case.index
+    if inputs is None:
+        inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
+    bound = bind_axes(defn, inputs, check_values=False)
+    before = [fingerprint(t) for t in inputs]
+    violations: list[str] = []
+    messages: list[str] = []
+
+    out_bytes = sum(math.prod(defn.shape_of(s, bound)) * 4 for s in defn.outputs)
+    poison_allocator(device, 2 * out_bytes)
+    t0 = time.perf_counter()
+    try:
+        outputs = _as_tuple(impl(*inputs))
+        _sync(device)
+    except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict, not a crash
+        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        return CaseResult(case.index, dict(case.axes), [], ["raised"], [f"implementation raised: {tb}"],
+                          False, time.perf_counter() - t0, 0.0, case_seed)
+    impl_seconds = time.perf_counter() - t0
+
+    problems = check_outputs_shape(defn, outputs, bound)
+    if problems:
+        return CaseResult(case.index, dict(case.axes), [], ["bad_outputs"], problems, False,
+                          impl_seconds, 0.0, case_seed)
+
+    t0 = time.perf_counter()
+    refs = reference(*inputs)
+    _sync(device)
+    oracle_seconds = time.perf_counter() - t0
+    metrics = [compare(o, r, defn.tolerance, s.name) for o, r, s in zip(outputs, refs, defn.outputs)]
+    del refs
+    for m in metrics:
+        for reason in m.reasons:
+            if reason not in violations:
+                violations.append(reason)
+            messages.append(f"{m.name}: {reason} (max abs {m.max_abs:.3g}, matched {m.matched_ratio:.4%})")
+
+    if hygiene:
+        after = [fingerprint(t) for t in inputs]
+        for spec, a, b in zip(defn.inputs, before, after):
+            if a != b:
+                violations.append("mutated_input")
+                messages.append(f"input {spec.name!r} was modified by the implementation")
+        for o_spec, o in zip(defn.outputs, outputs):
+            for i_spec, i in zip(defn.inputs, inputs):
+                if isinstance(i, torch.Tensor) and _overlaps(o, i):
+                    violations.append("aliased_output")
+                    messages.append(f"output {o_spec.name!r} shares memory with input {i_spec.name!r}")
+        # a second call on different inputs must give different outputs, and must not
+        # overwrite what the first call returned
+        first = [o.detach().clone() for o in outputs]
+        other = generate_inputs(defn, case.axes, seed=case_seed + 7_919_993, mode=mode, device=device)
+        try:
+            second = _as_tuple(impl(*other))
+            _sync(device)
+        except Exception as exc:  # noqa: BLE001
+            violations.append("raised")
+            messages.append(f"second call raised: {type(exc).__name__}: {exc}")
+            second = None
+        if second is not None and not check_outputs_shape(defn, second, bound):
+            if all(torch.equal(a.to(torch.float64).nan_to_num(1.5), b.to(torch.float64).nan_to_num(1.5))
+                   for a, b in zip(first, second)):
+                violations.append("cached_result")
+                messages.append("a second call with different inputs returned identical outputs")
+            if not all(torch.equal(a.nan_to_num(1.5), b.nan_to_num(1.5)) for a, b in zip(first, outputs)):
+                violations.append("output_reused")
+                messages.append("the second call overwrote the outputs returned by the first")
+        del other, second, first
+
+    violations = list(dict.fromkeys(violations))
+    return CaseResult(case.index, dict(case.axes), metrics, violations, messages, not violations,
+                      impl_seconds, oracle_seconds, case_seed)
+
+
+# --------------------------------------------------------------------------- a whole check
+@dataclass
+class CheckReport:
+    op: str
+    impl: str
+    config: str
+    device: str
+    seed: int
+    mode: str
+    tolerance: dict[str, Any]
+    cases: list[CaseResult]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        return d
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat row per (case, output): handy for pandas."""
+        rows = []
+        for c in self.cases:
+            if not c.outputs:
+                rows.append({"case": c.case, **c.axes, "output": None, "passed": c.passed,
+                             "violations": ",".join(c.violations)})
+            for m in c.outputs:
+                rows.append({"case": c.case, **c.axes, "output": m.name, "max_abs": m.max_abs,
+                             "mean_abs": m.mean_abs, "rel_l2": m.rel_l2, "matched_ratio": m.matched_ratio,
+                             "passed": c.passed, "violations": ",".join(c.violations)})
+        return rows
+
+    def to_dataframe(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows())
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' was requested but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use --device cpu")
+    return device
+
+
+def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
+          cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
+          seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
+          progress: Callable[[CaseResult, int, int], None] | None = None) -> CheckReport:
+    """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
+
+    ``config``: "seed" (full size), "small" or another named scaled-down configuration.
+    Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
+    operator = _ops.get(op, config)
+    defn = operator.definition
+    fn = operator.implementation(impl)
+    reference = operator.reference
+    dev = resolve_device(device)
+    results = []
+    selected = defn.cases(cases)
+    for n, case in enumerate(selected):
+        result = run_case(defn, fn, case, seed=seed, device=dev, mode=mode, reference=reference,
+                          hygiene=hygiene)
+        results.append(result)
+        if progress:
+            progress(result, n + 1, len(selected))
+    return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
+                       asdict(defn.tolerance), results)

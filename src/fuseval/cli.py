@@ -1,0 +1,82 @@
+"""The ``fuseval`` command.
+
+Each subcommand lives in ``fuseval/commands/<name>.py`` and provides
+``add_arguments(parser)`` and ``run(args) -> int`` (an exit code from
+:mod:`fuseval.errors`). Errors a user can fix are printed as one message, never as a
+bare traceback; ``FUSEVAL_DEBUG=1`` shows the traceback too.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+
+from .errors import EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_UNKNOWN_OPERATOR, EXIT_USAGE, FusevalError
+
+# name -> one-line help; the module fuseval.commands.<name> implements it
+COMMANDS = {
+    "list": "list operators, configurations, cases and implementations",
+    "check": "check an implementation against the float64 oracle on the benchmark cases",
+    "export": "export an operator as SOL-ExecBench definition.json / workload.jsonl",
+    "bench": "benchmark implementations on the GPU (latency, floor, suite mean)",
+    "budget": "per-stage error-budget report of an implementation",
+    "gate": "CI gate: check + properties + budget, JUnit XML and reports",
+    "baseline": "save / compare regression baselines of error metrics and latency",
+}
+
+
+def build_parser() -> tuple[argparse.ArgumentParser, dict]:
+    parser = argparse.ArgumentParser(prog="fuseval", description="Reference-first numerical validation of fused GPU kernels.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    handlers = {}
+    for name, help_text in COMMANDS.items():
+        try:
+            module = importlib.import_module(f"fuseval.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"fuseval.commands.{name}":
+                continue  # command not built yet
+            raise
+        p = sub.add_parser(name, help=help_text, description=(module.__doc__ or help_text).strip())
+        module.add_arguments(p)
+        handlers[name] = module.run
+    return parser, handlers
+
+
+def main(argv=None) -> int:
+    parser, handlers = build_parser()
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return int(handlers[args.command](args) or 0)
+    except FusevalError as exc:
+        print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 - map known error kinds to exit codes
+        from .ops import ImplementationError
+        if os.environ.get("FUSEVAL_DEBUG"):
+            traceback.print_exc()
+        msg = f"fuseval {args.command}: error: {exc}"
+        if isinstance(exc, ImplementationError):
+            print(msg, file=sys.stderr)
+            return EXIT_IMPORT_ERROR
+        if isinstance(exc, ValueError) and "unknown operator" in str(exc):
+            print(msg, file=sys.stderr)
+            return EXIT_UNKNOWN_OPERATOR
+        if isinstance(exc, ValueError) and "no CUDA device" in str(exc):
+            print(msg, file=sys.stderr)
+            return EXIT_NO_DEVICE
+        if isinstance(exc, ValueError):
+            print(msg, file=sys.stderr)
+            return EXIT_USAGE
+        traceback.print_exc()
+        print(f"fuseval {args.command}: internal error: {type(exc).__name__}: {exc} "
+              "(this is a bug in fuseval; please report it)", file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,33 @@
+"""Check an implementation against the float64 oracle on every benchmark case.
+
+Prints a per-case table (max abs error, matched ratio under the tolerance rule, verdict)
+and exits 0 only when every case passes; see fuseval.errors for the other exit codes."""
+from __future__ import annotations
+
+import json
+import sys
+
+from . import add_common_arguments
+
+
+def add_arguments(p) -> None:
+    add_common_arguments(p)
+    p.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    p.add_argument("--no-hygiene", action="store_true",
+                   help="skip the mutation / aliasing / caching checks (one impl call per case)")
+
+
+def run(args) -> int:
+    from ..check import check
+    from ..errors import exit_code_for
+    from ..report import case_progress, print_check_report
+
+    report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
+                   seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
+                   progress=case_progress(sys.stderr))
+    print_check_report(report)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=1, default=str)
+    violations = [v for c in report.cases for v in c.violations]
+    return exit_code_for(violations)

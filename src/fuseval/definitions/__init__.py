@@ -1,0 +1,337 @@
+"""Operators described as data.
+
+Each ``<name>.json`` file beside this module describes one fused operator the way
+SOL-ExecBench's ``definition.json`` does (axes, constraints, inputs and outputs in
+order with shapes written in axis names), plus what fuseval needs on top: the named
+stages that reports tap, the tolerance rule, the 16 benchmark cases, and named
+configurations that override the ``const`` axes to build scaled-down versions of the
+same operator for CPU tests.
+
+``load("qwen2vl_decoder_layer", config="small")`` returns a typed :class:`Definition`.
+Adding an operator means adding a JSON file here and the module it names.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import math
+from dataclasses import dataclass, field, replace
+from importlib import resources
+from typing import Any, Mapping, Sequence
+
+__all__ = [
+    "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
+    "load", "list_operators", "evaluate_expression",
+]
+
+
+# --------------------------------------------------------------------------- typed pieces
+@dataclass(frozen=True)
+class AxisSpec:
+    name: str
+    kind: str                      # "const" | "var" | "expr"
+    value: int | None = None       # for const
+    expression: str | None = None  # for expr
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[str, ...] | None  # None for a scalar
+    dtype: str                     # float32, bfloat16, float8_e4m3fn, float4_e2m1fn_x2
+    value: float | None = None     # fixed value of a scalar input (e.g. rms_norm_eps)
+    init: Mapping[str, Any] | None = None  # how benchmark mode draws it, when not the default rule
+
+    @property
+    def is_scalar(self) -> bool:
+        return self.shape is None
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    name: str
+    what: str
+    shape: tuple[str, ...]
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The benchmark's rule: element ok when |out-ref| <= atol + rtol*|ref|;
+    case ok when the matched ratio >= min_matched_ratio, nothing is NaN/Inf, and
+    (when set) max |out-ref| <= max_abs_error."""
+    atol: float
+    rtol: float
+    min_matched_ratio: float
+    max_abs_error: float | None = None
+
+
+@dataclass(frozen=True)
+class Case:
+    index: int
+    axes: Mapping[str, int]        # var axes only
+
+    @property
+    def label(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.axes.items())
+
+
+_ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.Compare, ast.Name, ast.Constant, ast.Load,
+                  ast.Add, ast.Sub, ast.Mult, ast.FloorDiv, ast.Mod, ast.Eq, ast.NotEq,
+                  ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.List, ast.UnaryOp, ast.USub)
+
+
+def evaluate_expression(expression: str, names: Mapping[str, int]) -> Any:
+    """Evaluate an axis expression (integer arithmetic, comparisons) over bound axes."""
+    tree = ast.parse(expression, mode="eval")
+    for node in ast.walk(tree):
+        if not isinstance(node, _ALLOWED_NODES):
+            raise ValueError(f"axis expression {expression!r}: {type(node).__name__} is not allowed")
+    missing = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} - set(names)
+    if missing:
+        raise KeyError(f"axis expression {expression!r} needs unbound axes {sorted(missing)}")
+    return eval(compile(tree, "<axis>", "eval"), {"__builtins__": {}}, dict(names))
+
+
+# --------------------------------------------------------------------------- definition
+@dataclass(frozen=True)
+class Definition:
+    name: str
+    op_type: str
+    description: str
+    source: str
+    module: str
+    implementations: Mapping[str, str]
+    axes: Mapping[str, AxisSpec]
+    constraints: tuple[tuple[str, str], ...]
+    derived: Mapping[str, str]
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    stages: tuple[StageSpec, ...]
+    tolerance: Tolerance
+    case_axes: tuple[str, ...]
+    seed_cases: tuple[tuple[int, ...], ...]
+    configs: Mapping[str, Mapping[str, Any]]
+    realistic: Mapping[str, Any]
+    config: str = "seed"
+    raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    # ---- axes
+    @property
+    def const_axes(self) -> dict[str, int]:
+        return {a.name: a.value for a in self.axes.values() if a.kind == "const"}
+
+    @property
+    def var_axes(self) -> list[str]:
+        return [a.name for a in self.axes.values() if a.kind == "var"]
+
+    def resolve_axes(self, var_binding: Mapping[str, int]) -> dict[str, int]:
+        """All axes (const, var, expr) for a binding of the var axes; checks constraints."""
+        unknown = set(var_binding) - set(self.var_axes)
+        if unknown:
+            raise ValueError(f"{self.name}: {sorted(unknown)} are not var axes (var axes: {self.var_axes})")
+        missing = set(self.var_axes) - set(var_binding)
+        if missing:
+            raise ValueError(f"{self.name}: var axes {sorted(missing)} are not bound")
+        bound: dict[str, int] = dict(self.const_axes)
+        bound.update({k: int(v) for k, v in var_binding.items()})
+        for a in self.axes.values():
+            if a.kind == "expr":
+                bound[a.name] = int(evaluate_expression(a.expression, bound))
+        self.check_constraints(bound)
+        return bound
+
+    def check_constraints(self, bound: Mapping[str, int], *, skip_unbound: bool = False) -> None:
+        """Raise ValueError naming the values when a constraint fails. ``skip_unbound``:
+        ignore constraints over axes not in ``bound`` (e.g. var axes of a config)."""
+        for expression, why in self.constraints:
+            names = sorted({n.id for n in ast.walk(ast.parse(expression, mode="eval"))
+                            if isinstance(n, ast.Name)})
+            if skip_unbound and not set(names) <= set(bound):
+                continue
+            if not evaluate_expression(expression, bound):
+                values = ", ".join(f"{n}={bound[n]}" for n in names)
+                raise ValueError(f"{self.name}: constraint {expression!r} violated ({values}): {why}")
+
+    def derived_value(self, key: str, bound: Mapping[str, int]) -> Any:
+        return evaluate_expression(self.derived[key], bound)
+
+    def shape_of(self, spec: TensorSpec, bound: Mapping[str, int]) -> tuple[int, ...] | None:
+        if spec.shape is None:
+            return None
+        return tuple(int(evaluate_expression(d, bound)) for d in spec.shape)
+
+    def input_index(self, name: str) -> int:
+        for i, s in enumerate(self.inputs):
+            if s.name == name:
+                return i
+        raise KeyError(f"{self.name} has no input {name!r}")
+
+    @property
+    def input_names(self) -> list[str]:
+        return [s.name for s in self.inputs]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [s.name for s in self.outputs]
+
+    @property
+    def stage_names(self) -> list[str]:
+        return [s.name for s in self.stages]
+
+    # ---- cases
+    def cases(self, selection: Sequence[int] | str | None = None) -> list[Case]:
+        """The benchmark cases of this configuration (scaled down for small configs).
+
+        ``selection``: None/"all", a list of indices, or a string "0,3,5-7"."""
+        scale = self.configs.get(self.config, {}).get("case_scale")
+        out = []
+        for i, values in enumerate(self.seed_cases):
+            axes = dict(zip(self.case_axes, values))
+            if scale:
+                lo = int(scale.get("min", 1))
+                axes = {k: max(lo, math.ceil(v / scale.get(k, 1))) for k, v in axes.items()}
+            out.append(Case(i, axes))
+        idx = parse_selection(selection, len(out))
+        return [out[i] for i in idx]
+
+    # ---- configs
+    def with_config(self, config: str | Mapping[str, int]) -> "Definition":
+        """The same operator with its const axes overridden.
+
+        ``config`` names an entry of the definition's ``configs`` ("seed", "small", ...)
+        or is a mapping of const-axis overrides (then cases are not scaled)."""
+        if isinstance(config, str):
+            if config not in self.configs:
+                raise ValueError(f"{self.name}: unknown config {config!r}; "
+                                 f"expected one of {sorted(self.configs)}")
+            overrides = {k: v for k, v in self.configs[config].items() if k != "case_scale"}
+            name = config
+        else:
+            overrides, name = dict(config), "custom"
+        axes = dict(self.axes)
+        for k, v in overrides.items():
+            if k not in axes or axes[k].kind != "const":
+                consts = sorted(a for a in axes if axes[a].kind == "const")
+                raise ValueError(f"{self.name}: config override {k!r} is not a const axis "
+                                 f"(const axes: {consts})")
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{self.name}: const axis {k!r} must be a positive int, got {v!r}")
+            axes[k] = replace(axes[k], value=v)
+        d = replace(self, axes=axes, config=name)
+        d.check_constraints(d.const_axes, skip_unbound=True)
+        return d
+
+    # ---- export to SOL-ExecBench layout
+    def to_solexec_definition(self) -> dict[str, Any]:
+        axes: dict[str, Any] = {}
+        for a in self.axes.values():
+            if a.kind == "const":
+                axes[a.name] = {"type": "const", "value": a.value}
+            elif a.kind == "var":
+                axes[a.name] = {"type": "var"}
+            else:
+                axes[a.name] = {"type": "expr", "expression": a.expression}
+        tensors = lambda specs: {s.name: {"shape": list(s.shape) if s.shape else None, "dtype": s.dtype}
+                                 for s in specs}
+        return {
+            "name": self.name,
+            "op_type": self.op_type,
+            "description": self.description,
+            "axes": axes,
+            "constraints": [e for e, _ in self.constraints],
+            "inputs": tensors(self.inputs),
+            "outputs": tensors(self.outputs),
+            "reference": f"{self.implementations['reference']}",
+            "tolerance": {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol,
+                          "required_matched_ratio": self.tolerance.min_matched_ratio,
+                          "max_abs_error": self.tolerance.max_abs_error},
+        }
+
+    def to_solexec_workloads(self, seed: int = 0) -> list[dict[str, Any]]:
+        import uuid
+        rows = []
+        for case in self.cases():
+            inputs = {}
+            for s in self.inputs:
+                if s.is_scalar and s.value is not None:
+                    inputs[s.name] = {"type": "scalar", "value": s.value}
+                else:
+                    inputs[s.name] = {"type": "random"}
+            rows.append({
+                "definition": self.name,
+                "uuid": str(uuid.uuid5(uuid.NAMESPACE_URL, f"fuseval/{self.name}/{self.config}/{case.index}")),
+                "axes": dict(case.axes),
+                "inputs": inputs,
+                "seed": seed + case.index,
+            })
+        return rows
+
+
+def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
+    """Indices from None/"all", a list of ints, or "0,3,5-7"."""
+    if selection is None or selection == "all" or selection == "":
+        return list(range(n))
+    if isinstance(selection, str):
+        idx: list[int] = []
+        for part in selection.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-")
+                idx.extend(range(int(lo), int(hi) + 1))
+            elif part:
+                idx.append(int(part))
+    else:
+        idx = [int(i) for i in selection]
+    bad = [i for i in idx if not 0 <= i < n]
+    if bad:
+        raise ValueError(f"case indices {bad} are out of range: there are {n} cases (0..{n - 1})")
+    return idx
+
+
+# --------------------------------------------------------------------------- loading
+def list_operators() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".json"))
+
+
+_CACHE: dict[str, Definition] = {}
+
+
+def _parse(raw: Mapping[str, Any]) -> Definition:
+    axes = {}
+    for name, a in raw["axes"].items():
+        axes[name] = AxisSpec(name, a["type"], a.get("value"), a.get("expression"))
+    tensor = lambda t: TensorSpec(t["name"], tuple(t["shape"]) if t.get("shape") else None,
+                                  t["dtype"], t.get("value"), t.get("init"))
+    tol = raw["tolerance"]
+    return Definition(
+        name=raw["name"], op_type=raw["op_type"], description=raw["description"],
+        source=raw.get("source", ""), module=raw["module"],
+        implementations=dict(raw["implementations"]), axes=axes,
+        constraints=tuple((c["expression"], c.get("why", "")) for c in raw.get("constraints", [])),
+        derived=dict(raw.get("derived", {})),
+        inputs=tuple(tensor(t) for t in raw["inputs"]),
+        outputs=tuple(tensor(t) for t in raw["outputs"]),
+        stages=tuple(StageSpec(s["name"], s["what"], tuple(s["shape"]), s.get("parent"))
+                     for s in raw["stages"]),
+        tolerance=Tolerance(tol["atol"], tol["rtol"], tol["min_matched_ratio"], tol.get("max_abs_error")),
+        case_axes=tuple(raw["case_axes"]),
+        seed_cases=tuple(tuple(c) for c in raw["cases"]),
+        configs={"seed": {}, **raw.get("configs", {})},
+        realistic=dict(raw.get("realistic", {})),
+        raw=raw,
+    )
+
+
+def load(name: str, config: str | Mapping[str, int] = "seed") -> Definition:
+    """Load an operator definition, optionally with a named or custom configuration."""
+    if isinstance(name, Definition):
+        return name if config == "seed" and name.config == "seed" else name.with_config(config)
+    if name not in _CACHE:
+        known = list_operators()
+        if name not in known:
+            raise ValueError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
+        text = resources.files(__name__).joinpath(name + ".json").read_text()
+        _CACHE[name] = _parse(json.loads(text))
+    d = _CACHE[name]
+    return d if config == "seed" else d.with_config(config)

@@ -1,0 +1,48 @@
+"""Exit codes of the ``fuseval`` command, one per kind of failure, so a CI system can tell
+a numerically wrong kernel from a kernel that crashed or a typo in the command line."""
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1          # a tolerance / all-zero / max-abs verdict failed
+EXIT_USAGE = 2                 # bad command line (argparse)
+EXIT_UNKNOWN_OPERATOR = 3
+EXIT_IMPORT_ERROR = 4          # the implementation path does not import or is not callable
+EXIT_BAD_FILE = 5              # malformed budget / baseline / report file
+EXIT_NO_DEVICE = 6             # --device cuda without a GPU, or similar
+EXIT_NONFINITE = 10            # an output had NaN/Inf the oracle does not have
+EXIT_BAD_OUTPUTS = 11          # wrong number, type, shape or dtype of outputs
+EXIT_IMPL_RAISED = 12          # the implementation raised
+EXIT_HYGIENE = 13              # mutated inputs, aliased outputs, cached or reused results
+EXIT_REGRESSION = 14           # baseline compare found a regression
+EXIT_INTERNAL = 70             # a bug in fuseval itself
+
+# violation name -> exit code; when several apply the highest-priority (first) wins
+VIOLATION_EXIT = (
+    ("raised", EXIT_IMPL_RAISED),
+    ("bad_outputs", EXIT_BAD_OUTPUTS),
+    ("nonfinite", EXIT_NONFINITE),
+    ("mutated_input", EXIT_HYGIENE),
+    ("aliased_output", EXIT_HYGIENE),
+    ("cached_result", EXIT_HYGIENE),
+    ("output_reused", EXIT_HYGIENE),
+    ("all_zero", EXIT_CHECK_FAILED),
+    ("max_abs", EXIT_CHECK_FAILED),
+    ("tolerance", EXIT_CHECK_FAILED),
+)
+
+
+def exit_code_for(violations) -> int:
+    """The exit code for a set of violation names (0 when empty)."""
+    found = set(violations)
+    for name, code in VIOLATION_EXIT:
+        if name in found:
+            return code
+    return EXIT_CHECK_FAILED if found else EXIT_OK
+
+
+class FusevalError(Exception):
+    """An error fuseval reports to the user as one clear message with an exit code."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE):
+        super().__init__(message)
+        self.exit_code = exit_code

@@ -1,0 +1,1 @@
+"""Triton implementations of the operators (one module per operator)."""

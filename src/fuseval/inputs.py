@@ -1,0 +1,166 @@
+"""Input generation for any operator definition.
+
+Two modes:
+
+* ``"benchmark"`` mirrors how SOL-ExecBench draws random inputs (SPEC.md): floats are
+  ``randn``; ``*norm_weight`` / ``*layernorm_weight`` are ones; weight matrices are
+  ``randn / sqrt(last dim)``; other biases ``randn``; ``cos`` = cos(clamp(randn, -pi, pi)),
+  ``sin`` = sin of an independent draw; fp8 tensors clamp(randn, -2, 2) rounded to e4m3;
+  fp4 tensors randn rounded to the e2m1 grid (ties to even), packed in pairs.
+* ``"realistic"`` is what a real model feeds the operator: cos/sin from position ids
+  (rope_theta from the definition; three position axes t, h, w for multimodal RoPE),
+  norm weights near 1, and NVFP4 weights quantized from a Gaussian weight matrix with the
+  standard global/block scale recipe. An operator module may refine it by defining
+  ``realistic_inputs(defn, axes, seed)``.
+
+Every input is drawn from its own CPU generator seeded from (seed, input name), so
+the same seed gives the same inputs on any device, and an input's value does not
+depend on the shapes of the others (weights are identical across cases for one seed).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import math
+from typing import Any, Mapping
+
+import torch
+
+from .definitions import Definition, TensorSpec
+from .refimpl import nvfp4
+
+__all__ = ["generate_inputs", "TORCH_DTYPES", "input_generator", "positions_to_cos_sin"]
+
+# dtype names of the definitions -> the torch storage dtype implementations receive
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float4_e2m1fn_x2": torch.uint8,   # two e2m1 codes per byte, low nibble = even column
+}
+
+MODES = ("benchmark", "realistic")
+
+
+def input_generator(seed: int, name: str) -> torch.Generator:
+    """A CPU generator for one input, seeded from (seed, name)."""
+    digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
+    g = torch.Generator(device="cpu")
+    g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+def _randn(shape, g) -> torch.Tensor:
+    return torch.randn(shape, generator=g, dtype=torch.float32)
+
+
+def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    name, dtype = spec.name, spec.dtype
+    if dtype == "float4_e2m1fn_x2":
+        # packed shape [rows, K/2]: draw [rows, K] and round each value onto the e2m1 grid
+        full = _randn(shape[:-1] + (shape[-1] * 2,), g)
+        return nvfp4.pack_fp4(nvfp4.encode_e2m1(full))
+    if dtype == "float8_e4m3fn":
+        return nvfp4.encode_e4m3fn(_randn(shape, g).clamp(-2, 2)).view(torch.float8_e4m3fn)
+    if name.endswith("norm_weight"):
+        t = torch.ones(shape)
+    elif name.endswith("cos"):
+        t = torch.cos(_randn(shape, g).clamp(-math.pi, math.pi))
+    elif name.endswith("sin"):
+        t = torch.sin(_randn(shape, g).clamp(-math.pi, math.pi))
+    elif name.endswith("_weight") and len(shape) == 2:
+        t = _randn(shape, g) / math.sqrt(shape[-1])
+    else:  # activations, biases
+        t = _randn(shape, g)
+    return t.to(TORCH_DTYPES[dtype])
+
+
+def positions_to_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF-style rotary tables: angle[..., i] = pos * theta^(-2i/D) for i < D/2, repeated
+    for the second half (rotate_half layout). positions: any shape -> [..., D] float32."""
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    angles = torch.cat([angles, angles], dim=-1)
+    return torch.cos(angles).float(), torch.sin(angles).float()
+
+
+def _realistic_tensor(defn: Definition, spec: TensorSpec, shape, axes, g, seed) -> Any:
+    name, dtype = spec.name, spec.dtype
+    if dtype == "float4_e2m1fn_x2":
+        raise AssertionError("fp4 weights are produced together with their scales")
+    if name.endswith("norm_weight"):
+        return (1.0 + 0.1 * _randn(shape, g)).to(TORCH_DTYPES[dtype])
+    return _benchmark_tensor(spec, shape, g)
+
+
+def _realistic_inputs_generic(defn: Definition, axes: Mapping[str, int], seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    theta = float(defn.realistic.get("rope_theta", 10000.0))
+    specs = {s.name: s for s in defn.inputs}
+    for spec in defn.inputs:
+        if spec.name in out:
+            continue
+        g = input_generator(seed, spec.name)
+        shape = defn.shape_of(spec, axes)
+        if spec.is_scalar:
+            out[spec.name] = _scalar(spec, g)
+            continue
+        if spec.dtype == "float4_e2m1fn_x2":
+            # quantize a Gaussian weight [rows, K] with the standard recipe
+            prefix = spec.name[: -len("weight_fp4")]
+            w = _randn(shape[:-1] + (shape[-1] * 2,), g) / math.sqrt(shape[-1] * 2)
+            packed, scales, gs = nvfp4.quantize_nvfp4(w)
+            out[spec.name] = packed
+            out[prefix + "scale"] = scales
+            out[prefix + "global_decode_scale"] = float(gs)
+            continue
+        if spec.name in ("cos", "sin") and len(shape) == 3:
+            b, s, d = shape
+            pos = torch.arange(s).expand(b, s)
+            cos, sin = positions_to_cos_sin(pos, d, theta)
+            out["cos"] = cos.to(TORCH_DTYPES[specs["cos"].dtype])
+            out["sin"] = sin.to(TORCH_DTYPES[specs["sin"].dtype])
+            continue
+        out[spec.name] = _realistic_tensor(defn, spec, shape, axes, g, seed)
+    return out
+
+
+def _scalar(spec: TensorSpec, g: torch.Generator) -> float:
+    if spec.value is not None:
+        return float(spec.value)
+    x = _randn((), g)
+    init = spec.init or {}
+    if init.get("kind") == "abs_randn":
+        # |randn| * scale: a positive scale of a given order of magnitude (see SPEC notes in docs)
+        return float((x.abs() * float(init["scale"])).float())
+    # a free fp32 scalar is drawn like any float input (randn), rounded to fp32
+    return float(x)
+
+
+def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
+                    mode: str = "benchmark", device: str | torch.device = "cpu") -> list[Any]:
+    """Inputs in definition order for one binding of the var axes.
+
+    Tensors come back contiguous on ``device``; scalar inputs are Python floats."""
+    if mode not in MODES:
+        raise ValueError(f"input mode must be one of {MODES}, got {mode!r}")
+    axes = defn.resolve_axes(var_axes)
+    if mode == "realistic":
+        module = importlib.import_module(defn.module)
+        hook = getattr(module, "realistic_inputs", None)
+        values = hook(defn, axes, seed) if hook else _realistic_inputs_generic(defn, axes, seed)
+    else:
+        values = {}
+        for spec in defn.inputs:
+            g = input_generator(seed, spec.name)
+            if spec.is_scalar:
+                values[spec.name] = _scalar(spec, g)
+            else:
+                values[spec.name] = _benchmark_tensor(spec, defn.shape_of(spec, axes), g)
+    result = []
+    for spec in defn.inputs:
+        v = values[spec.name]
+        result.append(v.to(device).contiguous() if isinstance(v, torch.Tensor) else v)
+    return result

@@ -1,0 +1,101 @@
+"""The operator registry: definitions joined with their implementations.
+
+An operator is its definition file (``fuseval/definitions/<name>.json``) plus the modules
+that file names under ``implementations`` (``reference`` is the float64 oracle). An
+implementation is any callable taking the inputs in definition order and returning the
+outputs in definition order; it is named either by a key of that table (``fast``,
+``torch``...), by ``"package.module:function"``, or passed as a callable.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from .definitions import Definition, list_operators, load
+
+__all__ = ["Operator", "get", "names", "resolve_impl", "ImplementationError"]
+
+
+class ImplementationError(ValueError):
+    """An implementation could not be found or imported."""
+
+
+def _import_callable(path: str) -> Callable:
+    if ":" not in path:
+        raise ImplementationError(f"implementation {path!r} is neither a known name nor 'module:function'")
+    module_name, _, attr = path.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())  # like `python -m`, let users name modules in the cwd
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 - report any import failure the same way
+        raise ImplementationError(f"cannot import module {module_name!r} for implementation "
+                                  f"{path!r}: {type(exc).__name__}: {exc}") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ImplementationError(f"module {module_name!r} has no attribute {attr!r} "
+                                      f"(implementation {path!r})")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ImplementationError(f"implementation {path!r} is not callable ({type(obj).__name__})")
+    return obj
+
+
+@dataclass(frozen=True)
+class Operator:
+    definition: Definition
+
+    @property
+    def name(self) -> str:
+        return self.definition.name
+
+    @property
+    def implementation_names(self) -> list[str]:
+        return list(self.definition.implementations)
+
+    def implementation(self, impl: str | Callable) -> Callable:
+        return resolve_impl(self.definition, impl)
+
+    @property
+    def reference(self) -> Callable:
+        return resolve_impl(self.definition, "reference")
+
+    def with_config(self, config) -> "Operator":
+        return Operator(self.definition.with_config(config))
+
+
+def names() -> list[str]:
+    return list_operators()
+
+
+def get(name: str | Operator | Definition, config: str | dict = "seed") -> Operator:
+    if isinstance(name, Operator):
+        return name if config == "seed" else name.with_config(config)
+    if isinstance(name, Definition):
+        return Operator(name if config == "seed" else name.with_config(config))
+    return Operator(load(name, config))
+
+
+def resolve_impl(defn: Definition, impl: str | Callable) -> Callable:
+    """A callable for ``impl``: a name of the definition's table, 'module:function', or a callable."""
+    if callable(impl):
+        return impl
+    if not isinstance(impl, str):
+        raise ImplementationError(f"implementation must be a name, 'module:function' or a callable, "
+                                  f"got {type(impl).__name__}")
+    if impl in defn.implementations:
+        return _import_callable(defn.implementations[impl])
+    if ":" not in impl:
+        raise ImplementationError(f"{defn.name}: unknown implementation {impl!r}; known: "
+                                  f"{', '.join(defn.implementations)} (or give 'module:function')")
+    return _import_callable(impl)
+
+
+def impl_label(impl: str | Callable) -> str:
+    if isinstance(impl, str):
+        return impl
+    return f"{getattr(impl, '__module__', '?')}:{getattr(impl, '__qualname__', repr(impl))}"

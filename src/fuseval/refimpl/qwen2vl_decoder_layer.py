@@ -1,0 +1,190 @@
+"""Op A: ``qwen2vl_decoder_layer`` (SOL-ExecBench L2/019), reference and plain-torch paths.
+
+Stages (SPEC.md), x = hidden_states:
+
+1. ``input_norm``  h  = rms_norm(x, input_layernorm_weight)
+2. ``qkv_proj``    q, k, v = h W^T + b, split head-major into [B, heads, S, D]
+3. ``mrope``       q, k rotated with cos/sin chunks [D/8, 3D/16, 3D/16] x2 from axes t, h, w
+4. ``attention``   causal GQA softmax attention (query head i reads kv head i // group)
+5. ``o_proj``      x1 = x + attn Wo^T
+6. ``post_norm``   h2 = rms_norm(x1, post_attention_layernorm_weight)
+7. ``mlp``         ``gate_up`` (g, u), ``act`` (silu(g) * u), ``down`` (m = a Wd^T)
+8. ``residual``    output = x1 + m
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Mapping, MutableMapping
+
+import torch
+import torch.nn.functional as F
+
+from ..definitions import load
+from . import stages as st
+
+NAME = "qwen2vl_decoder_layer"
+
+__all__ = ["reference", "reference_fp32", "torch_eager", "torch_eager_tf32", "realistic_inputs",
+           "mrope_positions"]
+
+
+def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """[B, S, heads*D] -> [B, heads, S, D] (column j belongs to head j // D)."""
+    b, s, n = t.shape
+    return t.view(b, s, heads, n // heads).transpose(1, 2)
+
+
+def _merge_heads(t: torch.Tensor) -> torch.Tensor:
+    """[B, heads, S, D] -> [B, S, heads*D]."""
+    b, h, s, d = t.shape
+    return t.transpose(1, 2).reshape(b, s, h * d)
+
+
+def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
+              k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
+              rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
+              up_proj_weight, down_proj_weight, rms_norm_eps, *,
+              taps: MutableMapping[str, torch.Tensor] | None = None,
+              override: Mapping[str, torch.Tensor] | None = None,
+              dtype: torch.dtype = torch.float64, validate: bool = True,
+              stages=st) -> tuple[torch.Tensor]:
+    """The oracle: every stage in ``dtype`` (float64 by default), unrounded output.
+
+    ``taps``: a dict that receives each stage's output under its SPEC name (layouts:
+    ``qkv_proj`` [B,S,qkv+2kv], ``mrope`` [B,S,qkv+kv], ``gate_up`` [B,S,2I], the rest as
+    the stage table in the definition says).
+    ``override``: {stage: tensor} replaces that stage's output (same layout) and the
+    pipeline continues from it; the budget uses it to run "fast up to stage k, oracle after".
+    ``stages``: the namespace of stage functions (mutation tests swap one out)."""
+    args = (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
+            k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
+            post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
+            rms_norm_eps)
+    if validate:
+        from ..validate import bind_axes
+        bind_axes(load(NAME), args)
+    up = lambda t: t.to(dtype)
+    override = override or {}
+
+    def stage(name, compute):
+        """Run one stage (or take its overridden output) and record the tap."""
+        value = up(override[name]) if name in override else compute()
+        if taps is not None:
+            taps[name] = value
+        return value
+
+    eps = float(rms_norm_eps)
+    d = rope_cos.shape[-1]
+    hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
+    qkv_dim, kv_dim = hq * d, hkv * d
+
+    x = up(hidden_states)
+    h = stage("input_norm", lambda: stages.rms_norm(x, up(input_layernorm_weight), eps))
+    qkv = stage("qkv_proj", lambda: torch.cat([
+        stages.linear(h, up(q_proj_weight), up(q_proj_bias)),
+        stages.linear(h, up(k_proj_weight), up(k_proj_bias)),
+        stages.linear(h, up(v_proj_weight), up(v_proj_bias))], dim=-1))
+    q, k, v = torch.split(qkv, [qkv_dim, kv_dim, kv_dim], dim=-1)
+
+    def rotate():
+        cos = stages.mrope_select(up(rope_cos))[:, None]     # [B, 1, S, D], broadcast over heads
+        sin = stages.mrope_select(up(rope_sin))[:, None]
+        return torch.cat([_merge_heads(stages.rope(_split_heads(q, hq), cos, sin)),
+                          _merge_heads(stages.rope(_split_heads(k, hkv), cos, sin))], dim=-1)
+    qk = stage("mrope", rotate)
+    q_rot, k_rot = torch.split(qk, [qkv_dim, kv_dim], dim=-1)
+
+    attn = stage("attention", lambda: _merge_heads(stages.causal_gqa_attention(
+        _split_heads(q_rot, hq), _split_heads(k_rot, hkv), _split_heads(v, hkv))))
+    x1 = stage("o_proj", lambda: x + stages.linear(attn, up(o_proj_weight)))
+    h2 = stage("post_norm", lambda: stages.rms_norm(x1, up(post_attention_layernorm_weight), eps))
+    gu = stage("gate_up", lambda: torch.cat([stages.linear(h2, up(gate_proj_weight)),
+                                             stages.linear(h2, up(up_proj_weight))], dim=-1))
+    g, u = torch.split(gu, [gu.shape[-1] // 2] * 2, dim=-1)
+    a = stage("act", lambda: stages.swiglu(g, u))
+    del gu, g, u
+    m = stage("down", lambda: stages.linear(a, up(down_proj_weight)))
+    out = stage("residual", lambda: x1 + m)
+    return (out,)
+
+
+reference_fp32 = functools.partial(reference, dtype=torch.float32)
+reference_fp32.__doc__ = "The reference computed in float32 (same formulas, naive order)."
+
+
+def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
+                k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
+                rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
+                up_proj_weight, down_proj_weight, rms_norm_eps):
+    """What a user would write in plain torch: float32 ops, SDPA for attention.
+
+    Matmul precision follows torch's global setting (see ``torch_eager_tf32``)."""
+    eps = float(rms_norm_eps)
+    d = rope_cos.shape[-1]
+    hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
+
+    def norm(t, w):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    x = hidden_states
+    h = norm(x, input_layernorm_weight)
+    q = _split_heads(F.linear(h, q_proj_weight, q_proj_bias), hq)
+    k = _split_heads(F.linear(h, k_proj_weight, k_proj_bias), hkv)
+    v = _split_heads(F.linear(h, v_proj_weight, v_proj_bias), hkv)
+    cos = st.mrope_select(rope_cos)[:, None]
+    sin = st.mrope_select(rope_sin)[:, None]
+    q = q * cos + st.rotate_half(q) * sin
+    k = k * cos + st.rotate_half(k) * sin
+    group = hq // hkv
+    attn = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
+                                          v.repeat_interleave(group, 1), is_causal=True)
+    x1 = x + F.linear(_merge_heads(attn), o_proj_weight)
+    h2 = norm(x1, post_attention_layernorm_weight)
+    m = F.linear(F.silu(F.linear(h2, gate_proj_weight)) * F.linear(h2, up_proj_weight), down_proj_weight)
+    return (x1 + m,)
+
+
+def torch_eager_tf32(*inputs):
+    """``torch_eager`` with TF32 tensor-core matmuls (the SOL-ExecBench torch baseline)."""
+    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    try:
+        return torch_eager(*inputs)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
+# --------------------------------------------------------------------------- realistic inputs
+def mrope_positions(batch: int, seq_len: int) -> torch.Tensor:
+    """[3, B, S] position ids (t, h, w) of a text / image / text sequence, the way
+    Qwen2-VL numbers them: text tokens advance all three axes together; an image of
+    gh x gw patches keeps t fixed and walks h over rows and w over columns; the text
+    after it continues from the largest id used so far plus one."""
+    pos = torch.empty(3, seq_len, dtype=torch.int64)
+    n_img = seq_len // 2
+    gh = max(1, int(n_img ** 0.5))
+    gw = max(1, n_img // gh)
+    n_img = gh * gw if seq_len >= 4 else 0
+    pre = (seq_len - n_img) // 2
+    pos[:, :pre] = torch.arange(pre)
+    if n_img:
+        rows = torch.arange(gh).repeat_interleave(gw)
+        cols = torch.arange(gw).repeat(gh)
+        pos[0, pre:pre + n_img] = pre
+        pos[1, pre:pre + n_img] = pre + rows
+        pos[2, pre:pre + n_img] = pre + cols
+    nxt = int(pos[:, :pre + n_img].max()) + 1 if pre + n_img else 0
+    post = seq_len - pre - n_img
+    pos[:, pre + n_img:] = nxt + torch.arange(post)
+    return pos[:, None, :].expand(3, batch, seq_len)
+
+
+def realistic_inputs(defn, axes, seed) -> dict[str, Any]:
+    """Benchmark-style weights and activations; norm weights near 1; cos/sin of real
+    multimodal position ids (rope_theta from the definition)."""
+    from ..inputs import _realistic_inputs_generic, positions_to_cos_sin
+    values = _realistic_inputs_generic(defn, axes, seed)
+    pos = mrope_positions(axes["batch_size"], axes["kv_seq_len"])
+    cos, sin = positions_to_cos_sin(pos, axes["head_dim"], float(defn.realistic.get("rope_theta", 1e6)))
+    values["rope_cos"], values["rope_sin"] = cos.contiguous(), sin.contiguous()
+    return values
