@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import math
+from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import torch
@@ -109,11 +110,15 @@ def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = T
                 raise ValueError(f"{defn.name}: input {spec.name!r} must be finite, "
                                  f"got {n} NaN/Inf element(s)")
 
-    # expression axes: solve for const axes that appear only inside expressions, then check
+    # expression axes: solve for const axes that appear only inside expressions, then check.
+    # Solve from the value most inputs agree on (e.g. qkv_dim seen by q_proj_weight, q_proj_bias
+    # and o_proj_weight), so the error below names the odd input out, not its neighbours.
+    votes = Counter((axis, observed) for axis, observed, _ in pending)
+    solve_order = sorted(pending, key=lambda p: -votes[(p[0], p[1])])
     progress = True
     while progress:
         progress = False
-        for axis, observed, name in pending:
+        for axis, observed, name in solve_order:
             if axis not in bound:
                 try:
                     bound[axis] = int(evaluate_expression(exprs[axis], bound))

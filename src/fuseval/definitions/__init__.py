@@ -276,11 +276,18 @@ def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
         idx: list[int] = []
         for part in selection.split(","):
             part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-")
-                idx.extend(range(int(lo), int(hi) + 1))
-            elif part:
-                idx.append(int(part))
+            # each part is an index "3" or an inclusive range "5-7"; anything else (a typo,
+            # a reversed range) would otherwise select nothing or fail with int()'s message
+            lo, sep, hi = part.partition("-")
+            if not part:
+                continue
+            if not lo.strip().isdigit() or (sep and not hi.strip().isdigit()) or \
+                    (sep and int(lo) > int(hi)):
+                raise ValueError(f"case selection {selection!r}: {part!r} is not a case index "
+                                 f"or an increasing range lo-hi (cases are 0..{n - 1})")
+            idx.extend(range(int(lo), int(hi) + 1) if sep else [int(lo)])
+        if not idx:
+            raise ValueError(f"case selection {selection!r} selects no case (cases are 0..{n - 1})")
     else:
         idx = [int(i) for i in selection]
     bad = [i for i in idx if not 0 <= i < n]
