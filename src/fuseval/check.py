@@ -309,6 +309,9 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
     operator = _ops.get(op, config)
     defn = operator.definition
+    if impl == "reference":
+        raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
+                         "check 'reference_fp32' for the float32 reference, or another implementation")
     fn = operator.implementation(impl)
     reference = operator.reference
     dev = resolve_device(device)

@@ -171,3 +171,24 @@ def torch_cached_bf16(hidden_states, cos, sin,
     wv = _cached_weight(v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale)
     return _project_norm_rope(hidden_states, cos, sin, wq, wk, wv, q_norm_weight, k_norm_weight,
                               float(rms_norm_eps))
+
+
+def cost_model(axes) -> dict:
+    """The least work one call must do, for the benchmark floor (``fuseval.bench``).
+
+    FLOPs: the three projections, 2 * tokens * (q + 2 kv) * hidden, at the bf16 matmul rate
+    (norm and RoPE add about 10 FLOPs per q/k element, under 0.1% of that, and run on other
+    units, so they are left out). Bytes: every input read once (bf16 activations and cos/sin,
+    packed FP4 weights at half a byte per element, one e4m3 byte per 16 elements, the norm
+    weights) and every bf16 output written once."""
+    m = axes["batch_size"] * axes["seq_len"]
+    hidden, d = axes["hidden_size"], axes["head_dim"]
+    n = (axes["num_attention_heads"] + 2 * axes["num_key_value_heads"]) * d
+    flops = 2 * m * n * hidden
+    bytes_ = (m * hidden * 2            # hidden_states
+              + 2 * m * d * 2           # cos, sin
+              + n * hidden // 2         # packed e2m1 weights
+              + n * hidden // 16        # e4m3 block scales
+              + 2 * d * 2               # q/k norm weights
+              + m * n * 2)              # the three outputs
+    return {"flops": flops, "bytes": bytes_, "matmul_dtype": "bf16"}

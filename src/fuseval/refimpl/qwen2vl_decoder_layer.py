@@ -188,3 +188,29 @@ def realistic_inputs(defn, axes, seed) -> dict[str, Any]:
     cos, sin = positions_to_cos_sin(pos, axes["head_dim"], float(defn.realistic.get("rope_theta", 1e6)))
     values["rope_cos"], values["rope_sin"] = cos.contiguous(), sin.contiguous()
     return values
+
+
+# --------------------------------------------------------------------------- cost model
+def cost_model(axes: Mapping[str, int]) -> dict[str, Any]:
+    """Minimal work of one call, for the roofline floor.
+
+    ``axes``: the full axis binding of a case (``defn.resolve_axes(case.axes)``); const
+    axes it lacks are taken from the seed definition. FLOPs count the matrix products only
+    (QKV, O, gate+up, down, and attention's QK^T and PV with the causal mask counted as
+    half of the square); element-wise work is negligible next to them. Bytes: every input
+    read once and the output written once, in float32. ``matmul_dtype``: the tensor-core
+    rate the floor should use (TF32: the inputs are float32)."""
+    a = dict(load(NAME).const_axes)
+    a.update({k: int(v) for k, v in axes.items()})
+    b, s, h = a["batch_size"], a["seq_len"], a["hidden_size"]
+    hq, hkv, d, i = a["num_heads"], a["num_kv_heads"], a["head_dim"], a["intermediate_size"]
+    m, qd, kd = b * s, hq * d, hkv * d
+    gemm = 2 * m * h * (qd + 2 * kd) + 2 * m * qd * h + 2 * m * h * 2 * i + 2 * m * i * h
+    attention = 2 * b * hq * s * s * d          # (QK^T + PV) = 4*B*Hq*S^2*D, halved by causality
+    elements = (2 * m * h                       # hidden_states in, output out
+                + 2 * h                         # the two norm weights
+                + (qd + 2 * kd) * h + (qd + 2 * kd)  # QKV weights and biases
+                + h * qd                        # o_proj
+                + 2 * 3 * b * s * d             # rope_cos, rope_sin
+                + 3 * i * h)                    # gate, up, down
+    return dict(flops=int(gemm + attention), bytes=int(4 * elements), matmul_dtype="tf32")

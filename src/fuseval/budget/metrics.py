@@ -1,0 +1,220 @@
+"""Error metrics of one stage (or of the final outputs) against the float64 oracle.
+
+Every comparison yields the same small dict of floats, so JSON reports, tables and
+plots read one shape:
+
+``max_abs``      max |value - oracle| over finite elements (inf when the value has a
+                 NaN/Inf the oracle does not have)
+``rel_l2``       ||value - oracle||_2 / ||oracle||_2
+``ulp_median``,  |value - oracle| in units of the ulp *of each oracle element* in the
+``ulp_p99``,     stage's nominal dtype (median, 99th percentile, max). Near-zero oracle
+``ulp_max``      elements (cancellation) make ``ulp_max`` large for any finite-precision
+                 implementation; it is reported, budgets rarely use it
+``max_abs_ulp``  max_abs in ulps *at the stage's scale* (the ulp of max |oracle|): "how
+                 many last places of the largest value the worst error is"
+``scale``        max |oracle| (finite)
+``nonfinite``    elements where the value is NaN/Inf and the oracle is not (or differs)
+``numel``
+``hist``         counts of log10 |error| in the bins of :data:`HIST_EDGES` (exact zeros
+                 counted separately in ``hist_zero``); only when asked for
+
+Precisions are named, not torch dtypes, because "tf32" (10 explicit mantissa bits,
+fp32's exponent range: what tensor cores read of an fp32 operand) has no torch dtype.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, Sequence
+
+import torch
+
+__all__ = ["PRECISIONS", "check_precision", "ulp", "unit_roundoff", "error_metrics", "final_metrics",
+           "storage_precision", "finer", "HIST_EDGES", "METRICS", "ULP_METRICS", "ABS_METRICS", "REL_METRICS"]
+
+# name -> (explicit mantissa bits, smallest normal exponent)
+PRECISIONS: dict[str, tuple[int, int]] = {
+    "float64": (52, -1022),
+    "float32": (23, -126),
+    "tf32": (10, -126),
+    "float16": (10, -14),
+    "bfloat16": (7, -126),
+}
+
+ABS_METRICS = ("max_abs",)
+REL_METRICS = ("rel_l2",)
+ULP_METRICS = ("ulp_median", "ulp_p99", "ulp_max", "max_abs_ulp")
+METRICS = ABS_METRICS + REL_METRICS + ULP_METRICS
+
+# log10 |error| histogram: 0.25-decade bins from 1e-16 to 1e4; values outside land in the
+# end bins, exact zeros are counted apart
+HIST_EDGES: list[float] = [-16 + 0.25 * i for i in range(81)]
+
+# quantiles are taken on at most this many elements (an evenly strided subset beyond);
+# torch.quantile refuses more than 2**24 elements, and a p99 of 4M samples is exact to
+# well below the differences a budget cares about
+_QUANTILE_SAMPLE = 1 << 22
+
+
+def check_precision(name: str, where: str) -> str:
+    if name not in PRECISIONS:
+        raise ValueError(f"{where}: unknown precision {name!r}; expected one of {sorted(PRECISIONS)}")
+    return name
+
+
+def unit_roundoff(precision: str) -> float:
+    """Half an ulp of 1: the relative error bound of one rounding to ``precision``."""
+    return 2.0 ** -(PRECISIONS[precision][0] + 1)
+
+
+def ulp(magnitude: torch.Tensor | float, precision: str) -> torch.Tensor | float:
+    """The spacing of ``precision`` numbers at |x| (2^(floor(log2|x|) - mantissa bits),
+    the subnormal spacing below the smallest normal, so never 0)."""
+    mant, emin = PRECISIONS[precision]
+    if not isinstance(magnitude, torch.Tensor):
+        m = abs(float(magnitude))
+        e = math.frexp(m)[1] - 1 if m > 0 and math.isfinite(m) else emin
+        return math.ldexp(1.0, max(e, emin) - mant)
+    a = magnitude.abs().to(torch.float64)
+    _, e = torch.frexp(a)                      # a = f * 2^e, f in [0.5, 1)  ->  floor(log2 a) = e - 1
+    e = torch.where(a > 0, e - 1, torch.full_like(e, emin)).clamp_min(emin)
+    return torch.ldexp(torch.ones_like(a), (e - mant).to(torch.float64))
+
+
+def finer(a: str, b: str) -> str:
+    """The finer of two precisions (more mantissa bits; ``b`` on a tie)."""
+    return a if PRECISIONS[a][0] > PRECISIONS[b][0] else b
+
+
+_TORCH_PRECISION = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
+                    torch.float16: "float16"}
+
+
+def storage_precision(t: torch.Tensor) -> str:
+    """The precision a tensor's values are stored in: its dtype, or for float32 storage
+    the coarsest grid every finite value lies on (bf16: low 16 bits zero; tf32: low 13
+    bits zero), so a kernel that rounds its float32 stage output to TF32 (because a TF32
+    GEMM reads it next) is recognised as storing TF32. Fewer than 64 nonzero values say
+    nothing (float32 is assumed): small integers lie on every grid."""
+    name = _TORCH_PRECISION.get(t.dtype)
+    if name is None:
+        raise ValueError(f"stage taps must be floating point, got {t.dtype}")
+    if name != "float32":
+        return name
+    bits = t.detach().contiguous().view(torch.int32)
+    nonzero = torch.isfinite(t) & (t != 0)
+    if int(nonzero.sum()) < 64:
+        return "float32"
+    low = bits[nonzero]
+    if bool(((low & 0xFFFF) == 0).all()):
+        return "bfloat16"
+    if bool(((low & 0x1FFF) == 0).all()):
+        return "tf32"
+    return "float32"
+
+
+def _quantiles(x: torch.Tensor, qs: Sequence[float]) -> list[float]:
+    if x.numel() == 0:
+        return [0.0 for _ in qs]
+    flat = x.flatten()
+    if flat.numel() > _QUANTILE_SAMPLE:
+        step = -(-flat.numel() // _QUANTILE_SAMPLE)
+        flat = flat[::step]
+    q = torch.quantile(flat, torch.tensor(list(qs), dtype=flat.dtype, device=flat.device))
+    return [float(v) for v in q]
+
+
+def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
+                  hist: bool = False) -> dict[str, Any]:
+    """Metrics of ``value`` against ``oracle`` (any dtypes; compared in float64).
+
+    ``precision`` names the dtype whose ulps the ulp metrics count (the stage's nominal
+    output precision). Shapes must match exactly; a mismatch is a ValueError."""
+    if tuple(value.shape) != tuple(oracle.shape):
+        raise ValueError(f"shape {tuple(value.shape)} does not match the oracle's {tuple(oracle.shape)}")
+    v = value.detach().to(torch.float64)
+    r = oracle.detach().to(device=v.device, dtype=torch.float64)
+    numel = r.numel()
+    r_fin = torch.isfinite(r)
+    both = torch.isfinite(v) & r_fin
+    same_nonfinite = ~torch.isfinite(v) & ~r_fin & ((v == r) | (torch.isnan(v) & torch.isnan(r)))
+    nonfinite = int((~both & ~same_nonfinite).sum())
+    diff = (v - r).abs()
+    del v
+    d = diff[both]
+    rb = r[both].abs()
+    del diff
+    max_abs = float(d.max()) if d.numel() else 0.0
+    scale = float(rb.max()) if rb.numel() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(rb)) if rb.numel() else 0.0
+    err_norm = float(torch.linalg.vector_norm(d)) if d.numel() else 0.0
+    e_ulp = d / ulp(rb, precision)
+    del rb
+    med, p99 = _quantiles(e_ulp, (0.5, 0.99))
+    out: dict[str, Any] = {
+        "max_abs": math.inf if nonfinite else max_abs,
+        "rel_l2": math.inf if nonfinite else (err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)),
+        "ulp_median": med,
+        "ulp_p99": p99,
+        "ulp_max": math.inf if nonfinite else (float(e_ulp.max()) if e_ulp.numel() else 0.0),
+        "max_abs_ulp": math.inf if nonfinite else max_abs / ulp(scale, precision),
+        "scale": scale,
+        "nonfinite": nonfinite,
+        "numel": numel,
+    }
+    del e_ulp
+    if hist:
+        out["hist_zero"] = int((d == 0).sum())
+        nz = d[d > 0]
+        if nz.numel():
+            lg = torch.log10(nz).clamp(HIST_EDGES[0], HIST_EDGES[-1] - 1e-3).to(torch.float32)
+            counts = torch.histc(lg, bins=len(HIST_EDGES) - 1, min=HIST_EDGES[0], max=HIST_EDGES[-1])
+            out["hist"] = [int(c) for c in counts.round().to(torch.int64).tolist()]
+        else:
+            out["hist"] = [0] * (len(HIST_EDGES) - 1)
+    return out
+
+
+def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor], names: Sequence[str],
+                  tolerance, precision: str, *, full: bool = True) -> dict[str, Any]:
+    """Metrics of a pipeline's final outputs: the benchmark tolerance verdict per output
+    (``fuseval.check.compare``) and, with ``full``, the error metrics of all outputs
+    taken together (flattened and concatenated).
+
+    Keys: ``tolerance_passed``, ``matched_ratio`` (the lowest over outputs), ``max_abs``,
+    ``rel_l2``, ``reasons`` and ``outputs`` (per-output compare results), plus the
+    :func:`error_metrics` keys with ``full``."""
+    from ..check import compare
+
+    per = []
+    sq_err = sq_ref = 0.0
+    for out, ref, name in zip(outputs, oracle, names):
+        m = compare(out, ref, tolerance, name)
+        ref_norm = float(torch.linalg.vector_norm(ref.detach().to(torch.float64).nan_to_num(0, 0, 0)))
+        sq_err += (m.rel_l2 * ref_norm) ** 2 if math.isfinite(m.rel_l2) else math.inf
+        sq_ref += ref_norm ** 2
+        per.append({"name": name, "max_abs": m.max_abs, "rel_l2": m.rel_l2, "matched_ratio": m.matched_ratio,
+                    "passed": m.passed, "reasons": list(m.reasons), "nonfinite": m.nonfinite})
+    res: dict[str, Any] = {
+        "tolerance_passed": all(p["passed"] for p in per),
+        "matched_ratio": min(p["matched_ratio"] for p in per) if per else 1.0,
+        "max_abs": max(p["max_abs"] for p in per) if per else 0.0,
+        "rel_l2": math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else math.inf),
+        "reasons": sorted({r for p in per for r in p["reasons"]}),
+        "outputs": per,
+    }
+    if full:
+        value = torch.cat([o.detach().reshape(-1).to(torch.float64) for o in outputs])
+        ref = torch.cat([r.detach().reshape(-1).to(device=value.device, dtype=torch.float64) for r in oracle])
+        em = error_metrics(value, ref, precision, hist=True)
+        del value, ref
+        em.pop("max_abs")
+        em.pop("rel_l2")
+        res.update(em)
+    return res
+
+
+def as_float(metrics: Mapping[str, Any] | None, key: str) -> float:
+    """metrics[key] as a float (NaN when the metrics are missing)."""
+    if not metrics or key not in metrics or metrics[key] is None:
+        return math.nan
+    return float(metrics[key])

@@ -1,0 +1,89 @@
+"""CI gate: the benchmark cases over several seeds (statistical verdicts), the property
+suite and the per-stage error budget, on one operator or all of them. Exits 0 when
+everything passed (a metric passing with a thin margin is a warning, not a failure, unless
+--strict), otherwise with the exit code of the most telling failure (fuseval/errors.py).
+Prints a one-screen summary on stdout and progress on stderr; writes junit.xml, gate.json,
+gate.md and the components' reports into --out. On a CPU: 'TRITON_INTERPRET=1 fuseval gate
+--op all --impl fast --profile ci'. On a GPU: 'fuseval gate --op nvfp4_qkv_rope --impl
+mypkg.kernels:qkv_rope --profile gpu'. See docs/ci.md.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+
+def add_arguments(p) -> None:
+    from ..definitions import list_operators
+    from ..gate import COMPONENTS, PROFILES
+    p.add_argument("--op", required=True,
+                   help=f"operator name, a comma list, or 'all' ({', '.join(list_operators())})")
+    p.add_argument("--impl", default="fast",
+                   help="implementation: a name of the operator's table (fast, torch...) or "
+                        "'module:function' (default: %(default)s)")
+    p.add_argument("--profile", default="ci", choices=list(PROFILES),
+                   help="ci: scaled-down configs on the CPU, 3 seeds; thorough: 5 seeds, more "
+                        "properties; gpu: the benchmark sizes on CUDA (default: %(default)s)")
+    p.add_argument("--out", default="gate-report",
+                   help="folder for junit.xml, gate.json, gate.md and the reports (default: %(default)s)")
+    p.add_argument("--config", default=None, help="override the profile's configuration (small, seed...)")
+    p.add_argument("--device", default=None, help="override the profile's device (cpu, cuda)")
+    p.add_argument("--cases", default=None, help="case subset of the check, e.g. '0,3,5-7'")
+    p.add_argument("--seeds", type=int, default=None, help="number of seeds of the check (profile: 3 or 5)")
+    p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
+                   help="input distribution (default: %(default)s)")
+    p.add_argument("--budget", default=None, metavar="FILE",
+                   help="a budget file handed to the budget component (default: its built-in budget)")
+    p.add_argument("--budget-cases", default="profile",
+                   help="case subset of the budget (default: the profile's; 'all' for every case)")
+    p.add_argument("--skip", default="", help=f"components to skip, comma list of {', '.join(COMPONENTS)}")
+    p.add_argument("--strict", action="store_true",
+                   help="fail on warnings too (metrics that pass with less than --warn-margin left)")
+    p.add_argument("--warn-margin", type=float, default=None,
+                   help="warn when less than this fraction of a rule's allowance is left (default: 0.5)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def _check_budget_file(path: str) -> None:
+    from ..errors import EXIT_BAD_FILE, FusevalError
+    if not os.path.isfile(path):
+        raise FusevalError(f"budget file {path!r} does not exist", EXIT_BAD_FILE)
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise FusevalError(f"budget file {path!r} is not valid JSON: {exc}", EXIT_BAD_FILE) from exc
+    if not isinstance(data, dict):
+        raise FusevalError(f"budget file {path!r} must hold a JSON object, got {type(data).__name__}",
+                           EXIT_BAD_FILE)
+    # the budget package validates its own format when it offers a loader
+    try:
+        import fuseval.budget as budget
+    except ImportError:
+        return
+    loader = next((getattr(budget, n) for n in ("load_budget", "load_budget_file") if hasattr(budget, n)), None)
+    if loader is not None:
+        try:
+            loader(path)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise FusevalError(f"budget file {path!r} is malformed: {exc}", EXIT_BAD_FILE) from exc
+
+
+def run(args) -> int:
+    from ..errors import FusevalError
+    from ..gate import COMPONENTS, run_gate, stderr_progress
+    skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    for s in skip:
+        if s not in COMPONENTS:
+            raise FusevalError(f"--skip {s!r}: expected a comma list of {', '.join(COMPONENTS)}")
+    if args.budget:
+        _check_budget_file(args.budget)
+    budget_cases = None if args.budget_cases == "all" else args.budget_cases
+    report = run_gate(args.op, args.impl, profile=args.profile, device=args.device, config=args.config,
+                      cases=args.cases, seeds=args.seeds, mode=args.mode,
+                      components=[c for c in COMPONENTS if c not in skip], warn_margin=args.warn_margin,
+                      strict=args.strict, budget_cases=budget_cases, budget=args.budget, out=args.out,
+                      progress=None if args.quiet else stderr_progress(sys.stderr))
+    report.print_summary()
+    return report.exit_code

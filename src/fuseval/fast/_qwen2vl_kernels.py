@@ -1,0 +1,473 @@
+"""Triton kernels of the Qwen2-VL decoder-layer fast path (op A); launchers live in
+``fuseval.fast.qwen2vl_decoder_layer``.
+
+Every tensor here is float32 and row-major. All matrix products are "NT": both operands
+are read along their contiguous K axis (activations [M, K], nn.Linear weights [N, K]).
+That is also the only operand order Hopper's tensor cores accept for 32-bit (TF32)
+inputs, which is why the QKV kernel writes V transposed for the attention kernel.
+
+``PREC`` is the dot input precision: "tf32" (TF32 tensor cores), "tf32x3" (three TF32
+products, about fp32 accuracy) or "ieee" (exact fp32 FMA). Under the Triton interpreter
+every dot is exact fp32 whatever ``PREC`` says.
+
+Flags whose names start with ``MUT_`` plant a known bug (the tests' mutants); the
+production launchers always pass False.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _round_tf32(x):
+    """Round fp32 to the nearest TF32 value (10-bit mantissa, ties away from zero), kept
+    in fp32. Tensor cores read a fp32 operand by dropping its 13 low mantissa bits, which
+    shrinks every operand towards zero and biases each product by about -7e-4 relative;
+    operands rounded beforehand are exact in TF32, so the hardware then adds no error.
+    Integer bit arithmetic (not cvt.rna) so that the interpreter runs it too."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x1000) & -8192
+    return bits.to(tl.float32, bitcast=True)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+@triton.jit(do_not_specialize=["M"])
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, M, H, stride_x, stride_out, eps,
+                    BLOCK_H: tl.constexpr, ROWS: tl.constexpr, ROUND_OUT: tl.constexpr,
+                    MUT_EPS_OUTSIDE: tl.constexpr):
+    """out = x * rsqrt(mean(x^2) + eps) * w for ``ROWS`` whole rows (H <= BLOCK_H) held in
+    registers: one read and one write of [M, H]. ROUND_OUT: store TF32-rounded values
+    (the output only ever feeds a TF32 product)."""
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.arange(0, BLOCK_H)
+    mask = (rows[:, None] < M) & (cols[None, :] < H)
+    x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    mean_sq = tl.sum(x * x, axis=1) / H
+    if MUT_EPS_OUTSIDE:
+        scale = 1.0 / (tl.sqrt(mean_sq) + eps)
+    else:
+        scale = tl.rsqrt(mean_sq + eps)
+    w = tl.load(w_ptr + cols, mask=cols < H, other=0.0)
+    h = x * scale[:, None] * w[None, :]
+    if ROUND_OUT:
+        h = _round_tf32(h)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], h, mask=mask)
+
+
+# --------------------------------------------------------------------------- GEMM pieces
+@triton.jit
+def _tile_coords(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """Grouped tile order: GROUP_M row-tiles walk the N tiles together, so a weight tile
+    is fetched from DRAM once and re-read from L2 by the neighbouring row-tiles."""
+    num_m = tl.cdiv(M, BM)
+    num_n = tl.cdiv(N, BN)
+    per_group = GROUP_M * num_n
+    group = pid // per_group
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+    return pid_m, pid_n
+
+
+@triton.jit
+def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, stride_b, K,
+                  acc1, acc2, BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
+                  TWO: tl.constexpr, ROUND_B: tl.constexpr):
+    """acc1 += A[a_rows] B1[b1_rows]^T (and acc2 += A B2^T when TWO), K-loop in BK steps.
+
+    Row indices come in already clamped into range (out-of-range rows of a ragged tile
+    read a valid row; their results are never stored), so only K needs a mask, and only
+    when BK does not divide K. Sharing one A tile between two products is how the gate
+    and up projections (and the two RoPE halves of a head) run in one pass over A."""
+    offs_k = tl.arange(0, BK)
+    a_ptrs = a_ptr + a_rows[:, None] * stride_a + offs_k[None, :]
+    b1_ptrs = b1_ptr + b1_rows[:, None] * stride_b + offs_k[None, :]
+    b2_ptrs = b2_ptr + b2_rows[:, None] * stride_b + offs_k[None, :]
+    for kb in range(0, tl.cdiv(K, BK)):
+        if EVEN_K:
+            a = tl.load(a_ptrs)
+            b1 = tl.load(b1_ptrs)
+        else:
+            kmask = offs_k[None, :] < K - kb * BK
+            a = tl.load(a_ptrs, mask=kmask, other=0.0)
+            b1 = tl.load(b1_ptrs, mask=kmask, other=0.0)
+        if ROUND_B:
+            b1 = _round_tf32(b1)
+        acc1 = tl.dot(a, tl.trans(b1), acc1, input_precision=PREC)
+        if TWO:
+            if EVEN_K:
+                b2 = tl.load(b2_ptrs)
+            else:
+                b2 = tl.load(b2_ptrs, mask=offs_k[None, :] < K - kb * BK, other=0.0)
+            if ROUND_B:
+                b2 = _round_tf32(b2)
+            acc2 = tl.dot(a, tl.trans(b2), acc2, input_precision=PREC)
+        a_ptrs += BK
+        b1_ptrs += BK
+        b2_ptrs += BK
+    return acc1, acc2
+
+
+@triton.jit
+def _mainloop_tma(a_desc, off_m, b1_desc, off_n1, b2_desc, off_n2, K, acc1, acc2,
+                  BK: tl.constexpr, PREC: tl.constexpr, TWO: tl.constexpr, ROUND_B: tl.constexpr):
+    """The same products with tiles fetched by the tensor-memory-accelerator (host-made
+    descriptors); out-of-range rows and K columns arrive as zeros."""
+    for kb in range(0, tl.cdiv(K, BK)):
+        a = a_desc.load([off_m, kb * BK])
+        b1 = b1_desc.load([off_n1, kb * BK])
+        if ROUND_B:
+            b1 = _round_tf32(b1)
+        acc1 = tl.dot(a, b1.T, acc1, input_precision=PREC)
+        if TWO:
+            b2 = b2_desc.load([off_n2, kb * BK])
+            if ROUND_B:
+                b2 = _round_tf32(b2)
+            acc2 = tl.dot(a, b2.T, acc2, input_precision=PREC)
+    return acc1, acc2
+
+
+# --------------------------------------------------------------------------- residual GEMM
+@triton.jit(do_not_specialize=["M"])
+def gemm_residual_kernel(a, w, res_ptr, out_ptr, M, N, K, stride_a, stride_w, stride_res, stride_out,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                         EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+                         ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+    """out = res + A W^T (O projection: res = x; down projection: res = x1).
+    ``a``/``w`` are pointers, or TMA descriptors when USE_TMA."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if USE_TMA:
+        acc, _unused = _mainloop_tma(a, off_m, w, off_n, w, off_n, K, acc, acc, BK, PREC, False, ROUND_B)
+    else:
+        acc, _unused = _mainloop_ptr(a, rows % M, stride_a, w, cols % N, w, cols % N, stride_w, K,
+                                     acc, acc, BK, EVEN_K, PREC, False, ROUND_B)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    if ADD_RESIDUAL:
+        acc += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc, mask=mask)
+
+
+# --------------------------------------------------------------------------- gate + up GEMM
+@triton.jit(do_not_specialize=["M"])
+def gate_up_kernel(a, wg, wu, out_ptr, M, N, K, stride_a, stride_w, stride_out,
+                   BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                   EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+                   ROUND_B: tl.constexpr, FUSE_ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
+                   MUT_SILU_ON_UP: tl.constexpr):
+    """g = A Wg^T and u = A Wu^T over one shared A tile; FUSE_ACT: out = silu(g) * u
+    ([M, N]); otherwise out = [g | u] ([M, 2N], the ``gate_up`` tap)."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    acc_g = tl.zeros([BM, BN], dtype=tl.float32)
+    acc_u = tl.zeros([BM, BN], dtype=tl.float32)
+    if USE_TMA:
+        acc_g, acc_u = _mainloop_tma(a, off_m, wg, off_n, wu, off_n, K, acc_g, acc_u, BK, PREC, True, ROUND_B)
+    else:
+        acc_g, acc_u = _mainloop_ptr(a, rows % M, stride_a, wg, cols % N, wu, cols % N, stride_w, K,
+                                     acc_g, acc_u, BK, EVEN_K, PREC, True, ROUND_B)
+    _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_ACT, ROUND_OUT, MUT_SILU_ON_UP)
+
+
+@triton.jit
+def _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_ACT: tl.constexpr,
+                      ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    out_ptrs = out_ptr + rows[:, None] * stride_out + cols[None, :]
+    if FUSE_ACT:
+        if MUT_SILU_ON_UP:
+            act = acc_g * (acc_u / (1.0 + tl.exp(-acc_u)))
+        else:
+            act = (acc_g / (1.0 + tl.exp(-acc_g))) * acc_u
+        if ROUND_OUT:
+            act = _round_tf32(act)
+        tl.store(out_ptrs, act, mask=mask)
+    else:
+        tl.store(out_ptrs, acc_g, mask=mask)
+        tl.store(out_ptrs + N, acc_u, mask=mask)
+
+
+# --------------------------------------------------------------------------- persistent GEMM
+@triton.jit(do_not_specialize=["M", "num_programs"])
+def gemm_persistent_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, M, N, K, stride_res, stride_out,
+                           num_programs,
+                           BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                           PREC: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+                           GATE_UP: tl.constexpr, ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr,
+                           ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+    """The residual GEMM (GATE_UP False: out = res + A B1^T) or the fused gate/up GEMM
+    (GATE_UP: out = silu(A B1^T) * (A B2^T)) as a persistent kernel: one program per SM
+    walks the tiles, so the loads of the next tile overlap the epilogue of this one, and
+    WARP_SPECIALIZE lets Triton split TMA producer and tensor-core consumer warps."""
+    num_tiles = tl.cdiv(M, BM) * tl.cdiv(N, BN)
+    for tile in tl.range(tl.program_id(0), num_tiles, num_programs, flatten=False,
+                         warp_specialize=WARP_SPECIALIZE):
+        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP_M)
+        off_m = pid_m * BM
+        off_n = pid_n * BN
+        acc1 = tl.zeros([BM, BN], dtype=tl.float32)
+        acc2 = tl.zeros([BM, BN], dtype=tl.float32)
+        for kb in range(0, tl.cdiv(K, BK)):
+            a = a_desc.load([off_m, kb * BK])
+            b1 = b1_desc.load([off_n, kb * BK])
+            if ROUND_B:
+                b1 = _round_tf32(b1)
+            acc1 = tl.dot(a, b1.T, acc1, input_precision=PREC)
+            if GATE_UP:
+                b2 = b2_desc.load([off_n, kb * BK])
+                if ROUND_B:
+                    b2 = _round_tf32(b2)
+                acc2 = tl.dot(a, b2.T, acc2, input_precision=PREC)
+        rows = off_m + tl.arange(0, BM)
+        cols = off_n + tl.arange(0, BN)
+        if GATE_UP:
+            _gate_up_epilogue(acc1, acc2, out_ptr, rows, cols, M, N, stride_out, True, ROUND_OUT,
+                              MUT_SILU_ON_UP)
+        else:
+            mask = (rows[:, None] < M) & (cols[None, :] < N)
+            if ADD_RESIDUAL:
+                acc1 += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
+            tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc1, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def swiglu_kernel(gu_ptr, out_ptr, M, N, stride_gu, stride_out, BM: tl.constexpr, BN: tl.constexpr,
+                  ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+    """The unfused ``act`` stage (staged path only): out = silu(g) * u from [g | u]."""
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    mask = (rows[:, None] < M) & (cols[None, :] < N)
+    g = tl.load(gu_ptr + rows[:, None] * stride_gu + cols[None, :], mask=mask, other=0.0)
+    u = tl.load(gu_ptr + rows[:, None] * stride_gu + N + cols[None, :], mask=mask, other=0.0)
+    if MUT_SILU_ON_UP:
+        act = g * (u / (1.0 + tl.exp(-u)))
+    else:
+        act = (g / (1.0 + tl.exp(-g))) * u
+    if ROUND_OUT:
+        act = _round_tf32(act)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], act, mask=mask)
+
+
+# --------------------------------------------------------------------------- QKV + bias + mRoPE
+@triton.jit
+def _mrope_axis(j, D: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """Position axis (t=0, h=1, w=2) of head-dim index j < D/2; the second half of the
+    head repeats the same chunks, so index j + D/2 uses the same axis."""
+    s0: tl.constexpr = D // 8
+    s1: tl.constexpr = 3 * D // 16
+    axis = tl.where(j < s0, 0, tl.where(j < s0 + s1, 1, 2))
+    if MUT_WRONG_AXIS:
+        axis = (axis + 1) % 3
+    return axis
+
+
+@triton.jit(do_not_specialize=["M", "S"])
+def qkv_rope_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
+                    qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis,
+                    vt_stride_b, vt_stride_h, vt_stride_d,
+                    QD: tl.constexpr, KD: tl.constexpr, D: tl.constexpr, HPT: tl.constexpr,
+                    BNH: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    EVEN_K: tl.constexpr, PREC: tl.constexpr, ROUND_B: tl.constexpr, FUSED: tl.constexpr,
+                    ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """[q | k | v] = h [Wq | Wk | Wv]^T + b for one tile of ``HPT`` whole heads.
+
+    RoPE pairs index d with d +- D/2 inside a head; instead of shuffling accumulator
+    columns, the tile computes two accumulators: ``lo`` over the weight rows of the first
+    halves of its heads and ``hi`` over the second halves. Then
+    q' = [lo*cos_lo - hi*sin_lo | hi*cos_hi + lo*sin_hi] is element-wise.
+
+    FUSED: write RoPE'd q and k into ``qk_ptr`` ([M, QD+KD], the ``mrope`` layout) and v
+    transposed into ``vt_ptr`` ([B, Hkv, D, S_pad]: keys contiguous, the operand order
+    the PV product needs). Not FUSED: write plain [q | k | v] ([M, QD+2KD], the
+    ``qkv_proj`` tap) into ``qk_ptr``. ROUND_OUT (FUSED only): store q', k', v rounded to
+    TF32, since they only feed the attention's TF32 products."""
+    HALF: tl.constexpr = D // 2
+    N: tl.constexpr = QD + 2 * KD
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, HPT * D, GROUP_M)
+    off_m = pid_m * BM
+    n0 = pid_n * HPT * D                     # first column of the tile in [q | k | v]
+    if n0 < QD:
+        w_ptr = wq_ptr
+        b_ptr = bq_ptr
+        nloc = n0
+    elif n0 < QD + KD:
+        w_ptr = wk_ptr
+        b_ptr = bk_ptr
+        nloc = n0 - QD
+    else:
+        w_ptr = wv_ptr
+        b_ptr = bv_ptr
+        nloc = n0 - QD - KD
+
+    i = tl.arange(0, BNH)
+    col_ok = i < HPT * HALF                  # BNH may be padded up to a power of two
+    head = tl.where(col_ok, i // HALF, 0)    # head within the tile
+    j = i % HALF                             # index within the first half of the head
+    w_rows_lo = nloc + head * D + j
+    w_rows_hi = w_rows_lo + HALF
+    rows = off_m + tl.arange(0, BM)
+    acc_lo = tl.zeros([BM, BNH], dtype=tl.float32)
+    acc_hi = tl.zeros([BM, BNH], dtype=tl.float32)
+    acc_lo, acc_hi = _mainloop_ptr(x_ptr, rows % M, stride_x, w_ptr, w_rows_lo, w_ptr, w_rows_hi,
+                                   stride_x, K, acc_lo, acc_hi, BK, EVEN_K, PREC, True, ROUND_B)
+    acc_lo += tl.load(b_ptr + w_rows_lo)[None, :]
+    acc_hi += tl.load(b_ptr + w_rows_hi)[None, :]
+
+    mask = (rows[:, None] < M) & col_ok[None, :]
+    out_cols = n0 + head * D + j             # column of the lo half in [q | k | v]
+    if not FUSED:
+        ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
+        tl.store(ptrs, acc_lo, mask=mask)
+        tl.store(ptrs + HALF, acc_hi, mask=mask)
+    elif n0 < QD + KD:
+        axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
+        c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
+        cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
+        cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
+        sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
+        sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
+        rot_lo = acc_lo * cos_lo - acc_hi * sin_lo
+        rot_hi = acc_hi * cos_hi + acc_lo * sin_hi
+        if ROUND_OUT:
+            rot_lo = _round_tf32(rot_lo)
+            rot_hi = _round_tf32(rot_hi)
+        ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
+        tl.store(ptrs, rot_lo, mask=mask)
+        tl.store(ptrs + HALF, rot_hi, mask=mask)
+    else:
+        if ROUND_OUT:
+            acc_lo = _round_tf32(acc_lo)
+            acc_hi = _round_tf32(acc_hi)
+        b = rows // S
+        s = rows % S
+        kv_head = nloc // D + head
+        ptrs = vt_ptr + b[:, None] * vt_stride_b + kv_head[None, :] * vt_stride_h \
+            + j[None, :] * vt_stride_d + s[:, None]
+        tl.store(ptrs, acc_lo, mask=mask)
+        tl.store(ptrs + HALF * vt_stride_d, acc_hi, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, cos_stride_axis,
+                 D: tl.constexpr, BM: tl.constexpr, ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """The unfused ``mrope`` stage (staged path only): one head (program axis 1) of q or k
+    for BM tokens, read from [q | k | v] and written to [q' | k']."""
+    HALF: tl.constexpr = D // 2
+    rows = tl.program_id(0) * BM + tl.arange(0, BM)
+    col0 = tl.program_id(1) * D
+    j = tl.arange(0, HALF)
+    mask = (rows[:, None] < M) & (j[None, :] < HALF)
+    src = qkv_ptr + rows[:, None] * stride_qkv + col0 + j[None, :]
+    lo = tl.load(src, mask=mask, other=0.0)
+    hi = tl.load(src + HALF, mask=mask, other=0.0)
+    axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
+    c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
+    cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
+    cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
+    sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
+    sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
+    rot_lo = lo * cos_lo - hi * sin_lo
+    rot_hi = hi * cos_hi + lo * sin_hi
+    if ROUND_OUT:
+        rot_lo = _round_tf32(rot_lo)
+        rot_hi = _round_tf32(rot_hi)
+    dst = out_ptr + rows[:, None] * stride_out + col0 + j[None, :]
+    tl.store(dst, rot_lo, mask=mask)
+    tl.store(dst + HALF, rot_hi, mask=mask)
+
+
+# --------------------------------------------------------------------------- attention
+@triton.jit(do_not_specialize=["S"])
+def attention_kernel(qk_ptr, vt_ptr, o_ptr, S, stride_qk, stride_o, vt_stride_b, vt_stride_h,
+                     vt_stride_d, qk_scale,
+                     QD: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                     BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, ROUND_P: tl.constexpr,
+                     ROUND_OUT: tl.constexpr, MUT_NONCAUSAL: tl.constexpr, MUT_KV_MOD: tl.constexpr):
+    """Causal GQA flash attention for one (batch, kv head) and BM query rows.
+
+    The rows of a tile are (token, head) pairs of the kv head's G query heads, token-major
+    (row r: token r // G, head r % G): every K/V tile loaded serves all G heads, and a
+    tile's rows span only BM / G tokens, so the causally masked fringe is small. Online
+    softmax in fp32 with exp2 (``qk_scale`` = log2(e) / sqrt(D)); key tiles entirely
+    below the tile's first token run unmasked, tiles beyond its last token are skipped.
+    q and k are read from [q' | k'] ([M, QD+KD]), v from its transpose [B, Hkv, D, S_pad].
+    ROUND_P: round P to TF32 before the PV product; ROUND_OUT: store the output rounded
+    (it only feeds the O projection's TF32 product)."""
+    pid_r = tl.num_programs(0) - 1 - tl.program_id(0)    # longest (latest) tiles first
+    bh = tl.program_id(1)
+    b = bh // HKV
+    kvh = bh % HKV
+    r = pid_r * BM + tl.arange(0, BM)
+    tok = r // G
+    g = r % G
+    row_ok = tok < S
+    tok_c = tl.where(row_ok, tok, S - 1)
+    if MUT_KV_MOD:
+        qhead = g * HKV + kvh                            # planted bug: kv head = i % Hkv
+    else:
+        qhead = kvh * G + g                              # kv head = i // G
+    d = tl.arange(0, D)
+    q_rows = b * S + tok_c
+    q = tl.load(qk_ptr + q_rows[:, None] * stride_qk + qhead[:, None] * D + d[None, :])
+    k_base = qk_ptr + QD + kvh * D + (b * S) * stride_qk
+    vt_base = vt_ptr + b * vt_stride_b + kvh * vt_stride_h
+
+    t_first = (pid_r * BM) // G
+    t_last = tl.minimum((pid_r * BM + BM - 1) // G, S - 1)
+    if MUT_NONCAUSAL:
+        n_full = (S // BN) * BN
+        n_end = S
+    else:
+        n_full = ((t_first + 1) // BN) * BN              # keys < n_full are visible to every row
+        n_end = t_last + 1
+
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    keys0 = tl.arange(0, BN)
+    for n in range(0, n_full, BN):
+        keys = n + keys0
+        k = tl.load(k_base + keys[:, None] * stride_qk + d[None, :])
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(vt_base + d[:, None] * vt_stride_d + keys[None, :])
+        if ROUND_P:
+            p = _round_tf32(p)
+        acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
+        m_i = m_new
+    for n in range(n_full, n_end, BN):
+        keys = n + keys0
+        key_ok = keys < S
+        k = tl.load(k_base + keys[:, None] * stride_qk + d[None, :], mask=key_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        if MUT_NONCAUSAL:
+            visible = key_ok[None, :] & (tok_c[:, None] >= 0)
+        else:
+            visible = key_ok[None, :] & (keys[None, :] <= tok_c[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(vt_base + d[:, None] * vt_stride_d + keys[None, :], mask=key_ok[None, :], other=0.0)
+        if ROUND_P:
+            p = _round_tf32(p)
+        acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    if ROUND_OUT:
+        acc = _round_tf32(acc)
+    tl.store(o_ptr + q_rows[:, None] * stride_o + qhead[:, None] * D + d[None, :], acc,
+             mask=row_ok[:, None])

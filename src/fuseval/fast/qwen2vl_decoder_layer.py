@@ -1,0 +1,618 @@
+"""Fast path for op A (``qwen2vl_decoder_layer``): float32 in and out, Triton kernels.
+
+The production ``forward`` runs seven kernels (``fuseval.fast._qwen2vl_kernels``):
+
+==========  ==========================================================================
+kernel      what it fuses
+==========  ==========================================================================
+norm        input RMSNorm: one read of x, one write of h (a whole row per program)
+qkv         h [Wq|Wk|Wv]^T + bias, multimodal RoPE of q and k in the epilogue; writes
+            [q'|k'] and v transposed (keys contiguous) for the PV product
+attention   causal GQA flash attention; each kv head's K/V tiles serve its 7 query
+            heads (stacked in the tile's rows); fully masked tiles are never visited
+o_proj      x1 = x + attn Wo^T (residual in the epilogue)
+norm        post-attention RMSNorm of x1
+gate_up     one pass over h2 for gate and up, silu(g) * u in the epilogue
+down        out = x1 + act Wd^T (residual in the epilogue)
+==========  ==========================================================================
+
+Why the RMSNorm weight is not folded into the GEMMs: it scales the K axis of the
+product, so it cannot move to the epilogue the way the row scale could; scaling the A
+tile on the fly would push the TF32 operand through registers (Hopper's TF32 tensor-core
+path wants both operands straight from shared memory), and pre-scaling the weights would
+rewrite 0.5 GB of weights every call. The row pass costs one extra read and write of
+[M, H] (about 1% of the layer's floor).
+
+Precision policy (``precision=``): "tf32" (default; TF32 tensor cores, like torch's
+TF32 matmuls), "tf32x3" (three TF32 products per dot, about fp32 accuracy, roughly 3x
+the tensor work) or "ieee" (exact fp32 FMA, slow). ``attention_precision=`` overrides it
+for the attention kernel alone.
+
+TF32 rounding. A Hopper tensor core reads a fp32 operand as TF32 by dropping its 13 low
+mantissa bits (truncation, not rounding): every operand shrinks towards zero, each
+product is biased by about -7e-4 relative, and the bias adds up coherently over K. With
+both operands truncated the layer missed the benchmark tolerance (max abs 1.3e-2, 88% of
+elements inside the bound, on the H200). So under "tf32" every activation that feeds a
+tensor-core product is stored already rounded to nearest TF32 by the kernel producing it
+(norm outputs, q'/k'/v, attention output, SiLU*up, and P inside attention): those
+operands are then exact in TF32 and carry an unbiased rounding error, which costs
+nothing. The weights are inputs and stay truncated by the hardware unless a tile config
+asks for ``round_b`` (rounding in the kernel: 1.7-2.2x slower at 8192 tokens, so off).
+
+GPU tiles come from a table measured on the H200 (``GPU_TABLE``); see
+benchmarks/notes_qwen2vl_decoder_layer.md for the numbers.
+
+``forward.staged`` implements the stage-tap protocol (docs/HELPERS-CONTEXT.md): the
+same kernels, unfused where a stage boundary falls inside a fused kernel (plain QKV,
+then a RoPE kernel; gate/up, then a SwiGLU kernel), so every SPEC stage can be read or
+overridden. ``variant(mutant=...)`` builds deliberately broken versions for the tests.
+
+On the CPU the kernels run under the Triton interpreter (set TRITON_INTERPRET=1 before
+triton is imported); there every dot is exact fp32.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
+
+import torch
+import triton
+
+from . import _qwen2vl_kernels as K
+
+__all__ = ["forward", "forward_staged", "variant", "PRECISIONS", "MUTANTS", "compile_only",
+           "plan_for", "INPUT_NAMES"]
+
+NAME = "qwen2vl_decoder_layer"
+PRECISIONS = ("tf32", "tf32x3", "ieee")
+# Deliberately broken variants (tests): each plants one bug the check must catch.
+MUTANTS = (
+    "noncausal_attention",      # attention sees future keys
+    "kv_head_mod",              # query head i reads kv head i % Hkv instead of i // G
+    "mrope_wrong_axis",         # cos/sin chunks taken from the next position axis
+    "missing_residual",         # x1 = attn Wo^T (x not added)
+    "missing_final_residual",   # out = m (x1 not added)
+    "eps_outside_sqrt",         # x / (sqrt(mean x^2) + eps) in both norms
+    "silu_on_up",               # g * silu(u) instead of silu(g) * u
+)
+INPUT_NAMES = ("hidden_states", "input_layernorm_weight", "q_proj_weight", "q_proj_bias",
+               "k_proj_weight", "k_proj_bias", "v_proj_weight", "v_proj_bias", "o_proj_weight",
+               "rope_cos", "rope_sin", "post_attention_layernorm_weight", "gate_proj_weight",
+               "up_proj_weight", "down_proj_weight", "rms_norm_eps")
+LOG2E = 1.4426950408889634
+
+
+# --------------------------------------------------------------------------- input checks
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    S: int
+    H: int
+    Hq: int
+    Hkv: int
+    D: int
+    I: int
+
+    @property
+    def M(self) -> int:
+        return self.B * self.S
+
+    @property
+    def QD(self) -> int:
+        return self.Hq * self.D
+
+    @property
+    def KD(self) -> int:
+        return self.Hkv * self.D
+
+    @property
+    def G(self) -> int:
+        return self.Hq // self.Hkv
+
+    @property
+    def S_pad(self) -> int:
+        """Row length of the transposed V buffer: a multiple of 16 keeps every row 64-byte aligned."""
+        return -(-self.S // 16) * 16
+
+
+def _fail(name: str, expected: str, got: Any) -> None:
+    raise ValueError(f"{NAME} (fast): input {name!r} must be {expected}, got {got}")
+
+
+def _shape_of(inputs: Sequence[Any]) -> Shape:
+    """Validate the 16 inputs cheaply (this runs on every call) and read the axes."""
+    if len(inputs) != len(INPUT_NAMES):
+        raise ValueError(f"{NAME} (fast): expected {len(INPUT_NAMES)} inputs "
+                         f"({', '.join(INPUT_NAMES)}), got {len(inputs)}")
+    x = inputs[0]
+    if not isinstance(x, torch.Tensor) or x.dim() != 3:
+        _fail("hidden_states", "a 3-D tensor [batch_size, seq_len, hidden_size]",
+              tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__)
+    for name, t in zip(INPUT_NAMES[:-1], inputs[:-1]):
+        if not isinstance(t, torch.Tensor):
+            _fail(name, "a torch.Tensor", type(t).__name__)
+        if t.dtype != torch.float32:
+            _fail(name, "float32", t.dtype)
+        if t.device != x.device:
+            _fail(name, f"on {x.device} like hidden_states", t.device)
+    eps = inputs[-1]
+    if isinstance(eps, torch.Tensor):
+        if eps.numel() != 1:
+            _fail("rms_norm_eps", "a scalar", f"a tensor of shape {tuple(eps.shape)}")
+    elif not isinstance(eps, (int, float)):
+        _fail("rms_norm_eps", "a Python float", type(eps).__name__)
+    B, S, H = x.shape
+    cos, sin = inputs[9], inputs[10]
+    if cos.dim() != 4 or cos.shape[0] != 3 or cos.shape[1] != B:
+        _fail("rope_cos", f"[3, batch_size={B}, kv_seq_len, head_dim]", tuple(cos.shape))
+    if cos.shape[2] != S:
+        raise ValueError(f"{NAME} (fast): kv_seq_len must equal seq_len (no KV cache): "
+                         f"rope_cos has kv_seq_len={cos.shape[2]}, hidden_states has seq_len={S}")
+    D = cos.shape[3]
+    if D < 16 or D & (D - 1):
+        _fail("rope_cos", "a head_dim that is a power of two >= 16 (this fast path)", D)
+    if tuple(sin.shape) != tuple(cos.shape):
+        _fail("rope_sin", f"the shape of rope_cos {tuple(cos.shape)}", tuple(sin.shape))
+    qw, kw = inputs[2], inputs[4]
+    if qw.dim() != 2 or qw.shape[1] != H or qw.shape[0] % D:
+        _fail("q_proj_weight", f"[num_heads*{D}, hidden_size={H}]", tuple(qw.shape))
+    if kw.dim() != 2 or kw.shape[1] != H or kw.shape[0] % D:
+        _fail("k_proj_weight", f"[num_kv_heads*{D}, hidden_size={H}]", tuple(kw.shape))
+    Hq, Hkv = qw.shape[0] // D, kw.shape[0] // D
+    if Hkv == 0 or Hq % Hkv:
+        _fail("q_proj_weight", f"a number of heads divisible by num_kv_heads={Hkv}", Hq)
+    I = inputs[12].shape[0] if inputs[12].dim() == 2 else -1
+    QD, KD = Hq * D, Hkv * D
+    expected = {
+        "input_layernorm_weight": (H,), "q_proj_bias": (QD,), "k_proj_bias": (KD,),
+        "v_proj_weight": (KD, H), "v_proj_bias": (KD,), "o_proj_weight": (H, QD),
+        "post_attention_layernorm_weight": (H,), "gate_proj_weight": (I, H),
+        "up_proj_weight": (I, H), "down_proj_weight": (H, I),
+    }
+    for name, t in zip(INPUT_NAMES, inputs):
+        if name in expected and tuple(t.shape) != expected[name]:
+            _fail(name, f"of shape {list(expected[name])}", list(t.shape))
+    if I <= 0:
+        _fail("gate_proj_weight", "[intermediate_size, hidden_size]", tuple(inputs[12].shape))
+    return Shape(B, S, H, Hq, Hkv, D, I)
+
+
+def _interpreting() -> bool:
+    from triton.runtime.interpreter import InterpretedFunction
+    return isinstance(K.rms_norm_kernel, InterpretedFunction)
+
+
+# --------------------------------------------------------------------------- launch configs
+@dataclass(frozen=True)
+class GemmConfig:
+    BM: int
+    BN: int          # per accumulator (gate_up: each of g and u; qkv: heads per tile * head_dim / 2)
+    BK: int
+    num_warps: int
+    num_stages: int
+    use_tma: bool = False          # tiles fetched by TMA descriptors instead of pointer loads
+    persistent: bool = False       # one program per SM walking the tiles (implies TMA)
+    warp_specialize: bool = False  # persistent only: Triton's producer/consumer warp split
+    round_b: bool = False          # round the weight tiles to TF32 in the kernel (see _round_tf32)
+    GROUP_M: int = 8
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    BM: int
+    BN: int
+    num_warps: int
+    num_stages: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a call needs besides the tensors: tile shapes and precision."""
+    qkv: GemmConfig
+    qkv_heads_per_tile: int
+    o_proj: GemmConfig
+    gate_up: GemmConfig
+    down: GemmConfig
+    attention: AttnConfig
+    norm_rows: int
+    norm_warps: int
+    precision: str
+    attention_precision: str
+
+    @property
+    def round_act(self) -> bool:
+        """Store GEMM input activations rounded to TF32 (only under the "tf32" policy)."""
+        return self.precision == "tf32"
+
+    @property
+    def round_attn(self) -> bool:
+        """Store q, k, v and round P to TF32 (only when attention runs in "tf32")."""
+        return self.attention_precision == "tf32"
+
+
+G = GemmConfig
+# Measured on one H200 (benchmarks/qwen2vl_breakdown.py, explore phase, second run; see
+# benchmarks/notes_qwen2vl_decoder_layer.md): the fastest tile of each kernel at M = 128,
+# 512, 2048 and 8192 tokens; a call takes the nearest size (log scale). Small M needs small
+# tiles to occupy the 132 SMs; large M wants big tiles, and for the two MLP GEMMs a
+# persistent TMA kernel with Triton's warp specialization (producer/consumer warps).
+GPU_TABLE: dict[str, dict[int, Any]] = {
+    "qkv": {128: (1, G(64, 64, 32, 4, 4)), 512: (1, G(64, 64, 32, 4, 4)),
+            2048: (2, G(128, 128, 32, 8, 4)), 8192: (2, G(128, 128, 32, 8, 4))},
+    "o_proj": {128: G(64, 128, 32, 4, 4), 512: G(64, 128, 32, 4, 4),
+               2048: G(128, 256, 32, 8, 4, True), 8192: G(128, 256, 32, 8, 4, True)},
+    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(64, 128, 32, 4, 4, True),
+                2048: G(128, 128, 32, 8, 3, True, True, True), 8192: G(128, 128, 32, 8, 3, True, True, True)},
+    "down": {128: G(64, 64, 32, 4, 4, True), 512: G(64, 128, 32, 4, 4, True),
+             2048: G(128, 256, 32, 8, 3, True, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
+}
+GPU_ATTENTION = {128: AttnConfig(128, 32, 8, 3), 373: AttnConfig(128, 32, 8, 3),      # by seq_len
+                 1571: AttnConfig(128, 32, 8, 3), 8192: AttnConfig(128, 64, 8, 2)}
+# Policies other than "tf32" need more shared memory per stage (tf32x3 splits operands)
+# or run on CUDA cores (ieee): modest tiles that fit.
+GPU_SAFE = dict(qkv=G(64, 64, 32, 4, 2), qkv_heads_per_tile=1, o_proj=G(64, 128, 32, 4, 2),
+                gate_up=G(64, 64, 32, 4, 2), down=G(64, 128, 32, 4, 2),
+                attention=AttnConfig(64, 32, 4, 1))
+# Under the interpreter: few, small programs (CPU time is per program and per op).
+CPU_GEMM = GemmConfig(32, 32, 32, 4, 1)
+CPU_ATTENTION = AttnConfig(32, 16, 4, 1)
+del G
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _nearest(table: Mapping[int, Any], size: int) -> Any:
+    return table[min(table, key=lambda k: abs(math.log(k / max(size, 1))))]
+
+
+def _heads_per_tile(sh: Shape, want: int) -> int:
+    """Largest power of two <= want dividing both head counts (tiles never straddle q/k/v)."""
+    hpt = 1
+    while hpt * 2 <= want and sh.Hq % (hpt * 2) == 0 and sh.Hkv % (hpt * 2) == 0:
+        hpt *= 2
+    return hpt
+
+
+def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
+             attention_precision: str | None = None,
+             tuning: Mapping[str, Any] | None = None) -> Plan:
+    """Tile shapes for one call. ``tuning`` overrides entries ({"o_proj": GemmConfig, ...,
+    "qkv_heads_per_tile": int}); the benchmark uses it to time variants."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
+    attention_precision = attention_precision or precision
+    if attention_precision not in PRECISIONS:
+        raise ValueError(f"{NAME} (fast): attention_precision must be one of {PRECISIONS}, "
+                         f"got {attention_precision!r}")
+    M = sh.M
+    if device.type == "cuda" and not _interpreting():
+        hpt, qkv = _nearest(GPU_TABLE["qkv"], M)
+        plan = dict(qkv=qkv, qkv_heads_per_tile=_heads_per_tile(sh, hpt),
+                    o_proj=_nearest(GPU_TABLE["o_proj"], M), gate_up=_nearest(GPU_TABLE["gate_up"], M),
+                    down=_nearest(GPU_TABLE["down"], M), attention=_nearest(GPU_ATTENTION, sh.S),
+                    norm_rows=1, norm_warps=8 if sh.H >= 2048 else 4)
+        if precision != "tf32":
+            plan.update({k: v for k, v in GPU_SAFE.items() if k != "attention"})
+            plan["qkv_heads_per_tile"] = _heads_per_tile(sh, GPU_SAFE["qkv_heads_per_tile"])
+        if attention_precision != "tf32":
+            plan["attention"] = GPU_SAFE["attention"]
+    else:
+        plan = dict(qkv=CPU_GEMM, qkv_heads_per_tile=_heads_per_tile(sh, 2), o_proj=CPU_GEMM,
+                    gate_up=CPU_GEMM, down=CPU_GEMM, attention=CPU_ATTENTION, norm_rows=16,
+                    norm_warps=4)
+    plan.update(tuning or {})
+    return Plan(precision=precision, attention_precision=attention_precision, **plan)
+
+
+# --------------------------------------------------------------------------- launching
+_COMPILE_ONLY = [False]
+
+
+@contextlib.contextmanager
+def compile_only():
+    """Inside this block the launchers compile their kernels (``kernel.warmup``) without
+    running them: a benchmark can fill Triton's cache from several processes at once."""
+    _COMPILE_ONLY[0] = True
+    try:
+        yield
+    finally:
+        _COMPILE_ONLY[0] = False
+
+
+def _launch(kernel, grid, *args, **meta) -> None:
+    if _COMPILE_ONLY[0]:
+        kernel.warmup(*args, grid=grid, **meta)
+    else:
+        kernel[grid](*args, **meta)
+
+
+def _even(k: int, bk: int) -> bool:
+    return k % bk == 0
+
+
+def _descriptor(t: torch.Tensor, block: list[int]):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return TensorDescriptor.from_tensor(t, block)
+
+
+def launch_norm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, eps: float, plan: Plan,
+                mutant: str | None = None) -> torch.Tensor:
+    M, H = x.shape
+    rows = plan.norm_rows
+    _launch(K.rms_norm_kernel, (triton.cdiv(M, rows),), x, w, out, M, H, x.stride(0), out.stride(0),
+            float(eps), BLOCK_H=triton.next_power_of_2(H), ROWS=rows, ROUND_OUT=plan.round_act,
+            MUT_EPS_OUTSIDE=mutant == "eps_outside_sqrt", num_warps=plan.norm_warps)
+    return out
+
+
+def launch_qkv(h: torch.Tensor, w: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
+               sh: Shape, plan: Plan, out: torch.Tensor, vt: torch.Tensor | None, *, fused: bool,
+               mutant: str | None = None) -> None:
+    """fused: RoPE'd [q|k] into ``out`` ([M, QD+KD]) and v into ``vt``; else plain [q|k|v]."""
+    c, hpt = plan.qkv, plan.qkv_heads_per_tile
+    wq, bq, wk, bk, wv, bv = w
+    M = sh.M
+    bnh = triton.next_power_of_2(hpt * sh.D // 2)
+    if not _interpreting():
+        bnh = max(bnh, 16)
+    vt_arg = vt if vt is not None else out
+    vs = vt.stride() if vt is not None else (0, 0, 0, 0)
+    grid = (triton.cdiv(M, c.BM) * ((sh.QD + 2 * sh.KD) // (hpt * sh.D)),)
+    _launch(K.qkv_rope_kernel, grid, h, wq, wk, wv, bq, bk, bv, cos, sin, out, vt_arg, M, sh.S, sh.H,
+            h.stride(0), out.stride(0), cos.stride(0), vs[0], vs[1], vs[2],
+            QD=sh.QD, KD=sh.KD, D=sh.D, HPT=hpt, BNH=bnh, BM=c.BM, BK=c.BK, GROUP_M=c.GROUP_M,
+            EVEN_K=_even(sh.H, c.BK), PREC=plan.precision, ROUND_B=c.round_b and plan.round_act, FUSED=fused,
+            ROUND_OUT=fused and plan.round_attn, MUT_WRONG_AXIS=mutant == "mrope_wrong_axis",
+            num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def launch_mrope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sh: Shape, out: torch.Tensor,
+                 plan: Plan, mutant: str | None = None) -> torch.Tensor:
+    bm = 32
+    _launch(K.mrope_kernel, (triton.cdiv(sh.M, bm), sh.Hq + sh.Hkv), qkv, cos, sin, out, sh.M,
+            qkv.stride(0), out.stride(0), cos.stride(0), D=sh.D, BM=bm, ROUND_OUT=plan.round_attn,
+            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", num_warps=4)
+    return out
+
+
+def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: Shape, plan: Plan,
+                     mutant: str | None = None) -> torch.Tensor:
+    c = plan.attention
+    grid = (triton.cdiv(sh.S * sh.G, c.BM), sh.B * sh.Hkv)
+    _launch(K.attention_kernel, grid, qk, vt, out, sh.S, qk.stride(0), out.stride(0), vt.stride(0),
+            vt.stride(1), vt.stride(2), LOG2E / math.sqrt(sh.D),
+            QD=sh.QD, G=sh.G, HKV=sh.Hkv, D=sh.D, BM=c.BM, BN=c.BN, PREC=plan.attention_precision,
+            ROUND_P=plan.round_attn, ROUND_OUT=plan.round_act, MUT_NONCAUSAL=mutant == "noncausal_attention", MUT_KV_MOD=mutant == "kv_head_mod",
+            num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, gate_up: bool,
+                       round_out: bool = False, mutant: str | None = None) -> None:
+    M, Kd = a.shape
+    N = b1.shape[0]
+    tiles = triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN)
+    n_prog = min(tiles, _sm_count(a.device.index if a.device.index is not None else 0)
+                 if a.device.type == "cuda" else 4)
+    a_d, b1_d = _descriptor(a, [c.BM, c.BK]), _descriptor(b1, [c.BN, c.BK])
+    b2_d = _descriptor(b2, [c.BN, c.BK]) if b2 is not None else b1_d
+    res_arg = res if res is not None else out
+    _launch(K.gemm_persistent_kernel, (n_prog,), a_d, b1_d, b2_d, res_arg, out, M, N, Kd, res_arg.stride(0),
+            out.stride(0), n_prog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, PREC=precision,
+            WARP_SPECIALIZE=c.warp_specialize, GATE_UP=gate_up, ROUND_B=c.round_b and precision == "tf32",
+            ADD_RESIDUAL=res is not None, ROUND_OUT=round_out, MUT_SILU_ON_UP=mutant == "silu_on_up",
+            num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
+                         c: GemmConfig, precision: str) -> torch.Tensor:
+    """out = (res +) a w^T."""
+    if c.persistent:
+        _launch_persistent(a, w, None, res, out, c, precision, gate_up=False)
+        return out
+    M, Kd = a.shape
+    N = w.shape[0]
+    if c.use_tma:
+        a_arg, w_arg = _descriptor(a, [c.BM, c.BK]), _descriptor(w, [c.BN, c.BK])
+    else:
+        a_arg, w_arg = a, w
+    res_arg = res if res is not None else out
+    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN),)
+    _launch(K.gemm_residual_kernel, grid, a_arg, w_arg, res_arg, out, M, N, Kd, a.stride(0), w.stride(0),
+            res_arg.stride(0), out.stride(0), BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M,
+            EVEN_K=_even(Kd, c.BK), PREC=precision, USE_TMA=c.use_tma, ROUND_B=c.round_b and precision == "tf32",
+            ADD_RESIDUAL=res is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def launch_gate_up(a: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, out: torch.Tensor, c: GemmConfig,
+                   precision: str, *, fuse_act: bool, round_out: bool = False,
+                   mutant: str | None = None) -> torch.Tensor:
+    """fuse_act: out = silu(a wg^T) * (a wu^T) ([M, I]; ``round_out``: TF32-rounded);
+    otherwise out = [a wg^T | a wu^T] ([M, 2I])."""
+    if c.persistent and fuse_act:
+        _launch_persistent(a, wg, wu, None, out, c, precision, gate_up=True, round_out=round_out,
+                           mutant=mutant)
+        return out
+    M, Kd = a.shape
+    N = wg.shape[0]
+    if c.use_tma or c.persistent:
+        a_arg = _descriptor(a, [c.BM, c.BK])
+        g_arg, u_arg = _descriptor(wg, [c.BN, c.BK]), _descriptor(wu, [c.BN, c.BK])
+    else:
+        a_arg, g_arg, u_arg = a, wg, wu
+    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN),)
+    _launch(K.gate_up_kernel, grid, a_arg, g_arg, u_arg, out, M, N, Kd, a.stride(0), wg.stride(0),
+            out.stride(0), BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EVEN_K=_even(Kd, c.BK),
+            PREC=precision, USE_TMA=c.use_tma or c.persistent, ROUND_B=c.round_b and precision == "tf32",
+            FUSE_ACT=fuse_act,
+            ROUND_OUT=round_out, MUT_SILU_ON_UP=mutant == "silu_on_up",
+            num_warps=c.num_warps, num_stages=c.num_stages)
+    return out
+
+
+def launch_swiglu(gu: torch.Tensor, out: torch.Tensor, plan: Plan, mutant: str | None = None) -> torch.Tensor:
+    M, N = out.shape
+    bm, bn = 32, 64
+    _launch(K.swiglu_kernel, (triton.cdiv(M, bm), triton.cdiv(N, bn)), gu, out, M, N, gu.stride(0),
+            out.stride(0), BM=bm, BN=bn, ROUND_OUT=plan.round_act, MUT_SILU_ON_UP=mutant == "silu_on_up",
+            num_warps=4)
+    return out
+
+
+# --------------------------------------------------------------------------- the layer
+def _prepare(inputs: Sequence[Any]):
+    sh = _shape_of(inputs)
+    x = inputs[0]
+    if x.device.type == "cpu" and not _interpreting():
+        raise ValueError(f"{NAME} (fast): inputs are on the CPU but Triton is not in interpreter mode; "
+                         "set TRITON_INTERPRET=1 before triton is imported, or pass CUDA tensors")
+    tensors = [t.contiguous() for t in inputs[:-1]]
+    eps = float(inputs[-1])
+    return sh, tensors, eps
+
+
+def _run(inputs: Sequence[Any], *, precision: str = "tf32", attention_precision: str | None = None,
+         mutant: str | None = None, tuning: Mapping[str, Any] | None = None) -> tuple[torch.Tensor]:
+    """The fused production pipeline (7 launches)."""
+    sh, t, eps = _prepare(inputs)
+    (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
+    dev = x.device
+    plan = plan_for(sh, dev, precision, attention_precision, tuning)
+    M, H = sh.M, sh.H
+    x2 = x.view(M, H)
+    new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
+
+    h = launch_norm(x2, w_in, new(M, H), eps, plan, mutant)
+    qk = new(M, sh.QD + sh.KD)
+    vt = new(sh.B, sh.Hkv, sh.D, sh.S_pad)
+    launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, qk, vt, fused=True, mutant=mutant)
+    attn = launch_attention(qk, vt, new(M, sh.QD), sh, plan, mutant)
+    del qk, vt
+    x1 = launch_residual_gemm(attn, wo, None if mutant == "missing_residual" else x2, new(M, H),
+                              plan.o_proj, precision)
+    del attn
+    h2 = launch_norm(x1, w_post, h, eps, plan, mutant)          # reuses h's buffer
+    act = launch_gate_up(h2, wg, wu, new(M, sh.I), plan.gate_up, precision, fuse_act=True,
+                         round_out=plan.round_act, mutant=mutant)
+    out = launch_residual_gemm(act, wd, None if mutant == "missing_final_residual" else x1, new(M, H),
+                               plan.down, precision)
+    return (out.view(sh.B, sh.S, H),)
+
+
+def _run_staged(inputs: Sequence[Any], *, taps: MutableMapping[str, torch.Tensor] | None = None,
+                override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
+                attention_precision: str | None = None, mutant: str | None = None,
+                tuning: Mapping[str, Any] | None = None) -> tuple[torch.Tensor]:
+    """Stage by stage with the same kernels; taps in the reference's layouts ([B, S, ...])."""
+    sh, t, eps = _prepare(inputs)
+    (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
+    dev = x.device
+    plan = plan_for(sh, dev, precision, attention_precision, tuning)
+    M, H, B, S = sh.M, sh.H, sh.B, sh.S
+    x2 = x.view(M, H)
+    new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
+    override = dict(override or {})
+    unknown = set(override) - {s for s in STAGES}
+    if unknown:
+        raise ValueError(f"{NAME} (fast): override names unknown stages {sorted(unknown)}; "
+                         f"stages: {', '.join(STAGES)}")
+
+    def stage(name: str, cols: int, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        if name in override:
+            value = override[name]
+            if value.numel() != M * cols:
+                raise ValueError(f"{NAME} (fast): override[{name!r}] must have {M * cols} elements "
+                                 f"([{B}, {S}, {cols}]), got shape {tuple(value.shape)}")
+            value = value.detach().to(device=dev, dtype=torch.float32).reshape(M, cols).contiguous()
+        else:
+            value = compute()
+        if taps is not None:
+            taps[name] = value.view(B, S, cols)
+        return value
+
+    QD, KD, I = sh.QD, sh.KD, sh.I
+    h = stage("input_norm", H, lambda: launch_norm(x2, w_in, new(M, H), eps, plan, mutant))
+
+    def qkv_plain():
+        out = new(M, QD + 2 * KD)
+        launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, out, None, fused=False, mutant=mutant)
+        return out
+    qkv = stage("qkv_proj", QD + 2 * KD, qkv_plain)
+    qk = stage("mrope", QD + KD, lambda: launch_mrope(qkv, cos, sin, sh, new(M, QD + KD), plan, mutant))
+    vt = torch.zeros(B, sh.Hkv, sh.D, sh.S_pad, device=dev, dtype=torch.float32)
+    v = qkv[:, QD + KD:]
+    vt[..., :S] = (round_tf32(v) if plan.round_attn else v).view(B, S, sh.Hkv, sh.D).permute(0, 2, 3, 1)
+    attn = stage("attention", QD, lambda: launch_attention(qk, vt, new(M, QD), sh, plan, mutant))
+    x1 = stage("o_proj", H, lambda: launch_residual_gemm(
+        attn, wo, None if mutant == "missing_residual" else x2, new(M, H), plan.o_proj, precision))
+    h2 = stage("post_norm", H, lambda: launch_norm(x1, w_post, new(M, H), eps, plan, mutant))
+    gu = stage("gate_up", 2 * I, lambda: launch_gate_up(h2, wg, wu, new(M, 2 * I), plan.gate_up, precision,
+                                                       fuse_act=False, mutant=mutant))
+    act = stage("act", I, lambda: launch_swiglu(gu, new(M, I), plan, mutant))
+    m = stage("down", H, lambda: launch_residual_gemm(act, wd, None, new(M, H), plan.down, precision))
+    out = stage("residual", H, lambda: m.clone() if mutant == "missing_final_residual" else x1 + m)
+    return (out.view(B, S, H),)
+
+
+def round_tf32(t: torch.Tensor) -> torch.Tensor:
+    """torch twin of the kernels' _round_tf32 (nearest TF32 value, ties away from zero)."""
+    bits = t.contiguous().view(torch.int32)
+    return ((bits + 0x1000) & -8192).view(torch.float32)
+
+
+STAGES = ("input_norm", "qkv_proj", "mrope", "attention", "o_proj", "post_norm", "gate_up", "act",
+          "down", "residual")
+
+
+def variant(mutant: str | None = None, *, precision: str = "tf32", attention_precision: str | None = None,
+            tuning: Mapping[str, Any] | None = None) -> Callable[..., tuple[torch.Tensor]]:
+    """A forward with a fixed policy (and optionally a planted bug), carrying ``.staged``."""
+    if mutant is not None and mutant not in MUTANTS:
+        raise ValueError(f"{NAME} (fast): mutant must be one of {MUTANTS} or None, got {mutant!r}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
+    opts = dict(precision=precision, attention_precision=attention_precision, mutant=mutant, tuning=tuning)
+
+    def fn(*inputs):
+        return _run(inputs, **opts)
+
+    def staged(*inputs, taps=None, override=None):
+        return _run_staged(inputs, taps=taps, override=override, **opts)
+
+    fn.staged = staged
+    fn.__name__ = fn.__qualname__ = f"forward[{precision}{', ' + mutant if mutant else ''}]"
+    return fn
+
+
+def forward(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
+            k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
+            post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
+            rms_norm_eps, *, precision: str = "tf32", attention_precision: str | None = None):
+    """The fused Triton decoder layer; returns ``(output,)`` float32 [B, S, H]."""
+    return _run((hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
+                 k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
+                 post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
+                 rms_norm_eps), precision=precision, attention_precision=attention_precision)
+
+
+def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
+                   override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
+                   attention_precision: str | None = None):
+    """Stage-tap protocol: same outputs as ``forward`` (same kernels, stage boundaries
+    materialised), every SPEC stage stored in ``taps``, ``override`` replaces a stage.
+
+    Taps hold the values as the kernels store them: under "tf32" the stages that only feed
+    tensor-core products (input_norm, mrope, attention, post_norm, act) are TF32-rounded;
+    qkv_proj, gate_up, o_proj, down and residual are plain fp32 accumulations."""
+    return _run_staged(inputs, taps=taps, override=override, precision=precision,
+                       attention_precision=attention_precision)
+
+
+forward.staged = forward_staged

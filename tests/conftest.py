@@ -1,0 +1,19 @@
+"""Shared test setup. Kept minimal: others add to it.
+
+Without a CUDA device, Triton kernels run through the interpreter, which must be chosen
+before triton is first imported."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# Hypothesis profiles of the property suite (fuseval.properties.profiles): ``ci``, ``dev``,
+# ``thorough``, ``gpu``. The one named by HYPOTHESIS_PROFILE is loaded (default: ``ci``
+# when CI is set, else ``dev``); ``ci`` has no example database and is derandomized, so
+# CI runs are repeatable. FUSEVAL_PROPERTY_SEED=N makes the draws random but seeded.
+from fuseval.properties.profiles import load_profile as _load_property_profile  # noqa: E402
+
+_load_property_profile()

@@ -1,0 +1,140 @@
+"""The benchmark harness: cost model, floor, timing, report, outputs, CLI skip without a GPU."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from fuseval import bench
+from fuseval.cli import main as cli_main
+from fuseval.definitions import load
+from fuseval.errors import EXIT_NO_DEVICE, EXIT_OK
+from fuseval.refimpl import nvfp4_qkv_rope as op_b
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
+
+# SPEC.md's H200 numbers: copy 4.2 TB/s, bf16 matmul 789 TFLOP/s, op B floor about 0.27 ms
+SPEC_CEILINGS = bench.Ceilings("spec H200", 4.2e12, {"bf16": 789e12, "tf32": 411e12, "fp32": 51e12})
+
+
+def test_cost_model_of_op_b_counts_the_gemm_and_each_byte_once():
+    axes = load("nvfp4_qkv_rope").resolve_axes({"seq_len": 128, "batch_size": 2})
+    cost = op_b.cost_model(axes)
+    tokens, n, k = 256, 4096 + 2 * 1024, 4096
+    assert cost["flops"] == 2 * tokens * n * k
+    expected_bytes = (tokens * k * 2 + 2 * tokens * 128 * 2 + n * k // 2 + n * k // 16 + 2 * 128 * 2
+                      + tokens * n * 2)
+    assert cost["bytes"] == expected_bytes
+    assert cost["matmul_dtype"] == "bf16"
+
+
+def test_floor_of_op_b_matches_the_spec_figure():
+    defn = load("nvfp4_qkv_rope")
+    floors = [bench.floor_seconds(op_b.cost_model(defn.resolve_axes(c.axes)), SPEC_CEILINGS)
+              for c in defn.cases()]
+    mean_ms = 1e3 * sum(f for f, _ in floors) / len(floors)
+    assert 0.26 < mean_ms < 0.28
+    assert {b for _, b in floors} == {"compute"}
+
+
+def test_floor_is_the_larger_term():
+    c = bench.Ceilings("x", 1e12, {"bf16": 1e15})
+    assert bench.floor_seconds({"flops": 1e15, "bytes": 1e9, "matmul_dtype": "bf16"}, c) == (1.0, "compute")
+    assert bench.floor_seconds({"flops": 1e9, "bytes": 2e12, "matmul_dtype": "bf16"}, c) == (2.0, "memory")
+    with pytest.raises(ValueError, match="fp8"):
+        bench.floor_seconds({"flops": 1, "bytes": 1, "matmul_dtype": "fp8"}, c)
+
+
+def test_time_call_reports_the_median_on_the_cpu():
+    calls = []
+
+    def sleepy():
+        calls.append(1)
+        time.sleep(0.002)
+
+    t = bench.time_call(sleepy, device="cpu", warmup_ms=5, rep_ms=40, min_reps=5, max_reps=12)
+    assert 1.9 <= t.median_ms < 6.0
+    assert 5 <= t.reps <= 12 and len(calls) >= t.reps + 2
+    assert t.min_ms <= t.p20_ms <= t.median_ms <= t.p80_ms
+
+
+def test_timing_quantiles():
+    t = bench.Timing.from_samples([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (t.median_ms, t.min_ms, t.p20_ms, t.p80_ms, t.reps) == (3.0, 1.0, 2.0, 4.0, 5)
+
+
+def test_bench_spec_reads_the_operator_pieces():
+    spec = bench.bench_spec(load("nvfp4_qkv_rope"))
+    assert spec.impls == ["torch", "torch_cached", "fast"]
+    assert spec.fast == "fast" and spec.baselines == ["torch", "torch_cached"]
+    assert spec.cost_model is op_b.cost_model
+    spec = bench.bench_spec(load("nvfp4_qkv_rope"), ["torch"])
+    assert spec.fast is None and spec.baselines == ["torch"]
+    spec = bench.bench_spec(load("qwen2vl_decoder_layer"))
+    assert "fast" in spec.impls and not any(i.startswith("reference") for i in spec.impls)
+
+
+def _report(check=False) -> bench.BenchReport:
+    cases = []
+    for i, (fast_ms, torch_ms, floor_ms) in enumerate([(0.5, 2.0, 0.25), (1.5, 4.0, 1.25)]):
+        cb = bench.CaseBench(i, {"seq_len": 128 * (i + 1), "batch_size": 1},
+                             {"fast": {"median_ms": fast_ms}, "torch": {"median_ms": torch_ms}},
+                             flops=1e9, bytes=1e6, floor_ms=floor_ms, bound="compute")
+        if check:
+            cb.check = {name: {"passed": True, "violations": [], "messages": [], "seed": 0,
+                               "outputs": {"out": {"max_abs": err, "mean_abs": 0, "rel_l2": 0,
+                                                   "matched_ratio": ratio}}}
+                        for name, err, ratio in (("fast", 1e-3, 0.999), ("torch", 2e-3, 0.98))}
+        cases.append(cb)
+    return bench.BenchReport("op", "seed", "fake GPU", 7, "benchmark", ["fast", "torch"], "fast",
+                             SPEC_CEILINGS.__dict__, {}, cases)
+
+
+def test_report_suite_means_floor_fraction_and_speedup():
+    s = _report().summary()
+    assert s["suite_mean_ms"] == {"fast": 1.0, "torch": 3.0}
+    assert s["floor_mean_ms"] == 0.75
+    assert s["fraction_of_floor"]["fast"] == pytest.approx(0.75)
+    assert s["speedup_of_fast"] == {"torch": 3.0}
+
+
+def test_write_outputs_json_table_and_plot(tmp_path):
+    report = _report(check=True)
+    paths = bench.write_outputs(report, str(tmp_path))
+    assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["bench.json", "bench.png", "bench.txt"]
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["summary"]["suite_mean_ms"]["fast"] == 1.0
+    assert data["summary"]["cases_passed"] == {"fast": 2, "torch": 2}
+    text = (tmp_path / "bench.txt").read_text()
+    assert "suite mean over 2 cases" in text and "max abs error no larger in 2/2" in text
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@no_cuda
+def test_bench_command_skips_cleanly_without_a_gpu(tmp_path, capsys):
+    assert cli_main(["bench", "--op", "nvfp4_qkv_rope", "--out", str(tmp_path)]) == EXIT_OK
+    assert "skipped" in capsys.readouterr().err
+    assert "skipped" in json.loads((tmp_path / "bench.json").read_text())
+    assert cli_main(["bench", "--op", "nvfp4_qkv_rope", "--require-gpu"]) == EXIT_NO_DEVICE
+
+
+@no_cuda
+def test_run_bench_refuses_the_cpu():
+    with pytest.raises(bench.BenchSkipped):
+        bench.run_bench("nvfp4_qkv_rope", device="cpu")
+
+
+@gpu
+@needs_cuda
+def test_gpu_run_bench_times_checks_and_floors(tmp_path):
+    report = bench.run_bench("nvfp4_qkv_rope", ["fast", "torch_cached"], cases="0", config="small",
+                             check=True, rep_ms=5, warmup_ms=2, min_reps=3, max_reps=10)
+    cb = report.cases[0]
+    assert cb.timings["fast"]["median_ms"] > 0 and cb.floor_ms > 0
+    assert cb.check["fast"]["passed"]
+    assert report.ceilings["matmul_flops_per_s"]["bf16"] > 1e13
+    bench.write_outputs(report, str(tmp_path))

@@ -1,0 +1,221 @@
+"""The Triton fast path of op A (qwen2vl_decoder_layer) against the float64 oracle.
+
+On the CPU the kernels run under the Triton interpreter (tests/conftest.py sets
+TRITON_INTERPRET=1), on scaled-down configurations with ragged sequence lengths:
+'small' (hidden 64, 4 query heads on 2 kv heads, head_dim 16) and 'gqa7' (7 query heads
+per kv head). Every check draws fresh inputs and compares with the oracle under the
+benchmark's tolerance rule (fuseval.check); each planted bug (a mutant of the kernels)
+must be rejected by the same check.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fuseval.check import compare, run_case
+from fuseval.definitions import load
+from fuseval.fast import qwen2vl_decoder_layer as fast
+from fuseval.inputs import generate_inputs
+from fuseval.refimpl.qwen2vl_decoder_layer import cost_model, reference
+
+OP = "qwen2vl_decoder_layer"
+CPU = torch.device("cpu")
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _case(config: str, index: int):
+    defn = load(OP, config)
+    return defn, defn.cases([index])[0]
+
+
+def _inputs(defn, case, seed, mode="benchmark"):
+    return generate_inputs(defn, case.axes, seed=seed, mode=mode, device=CPU)
+
+
+# --------------------------------------------------------------------------- correctness
+@pytest.mark.parametrize("config,index", [("small", 5), ("small", 12), ("gqa7", 9), ("gqa7", 2)])
+def test_fast_passes_the_check_on_ragged_cases(config, index):
+    """Full check (tolerance and hygiene rules) on cases whose token counts fill no tile."""
+    defn, case = _case(config, index)
+    result = run_case(defn, fast.forward, case, seed=1234, device=CPU)
+    assert result.passed, result.messages
+    assert result.outputs[0].max_abs < defn.tolerance.atol
+
+
+def test_fast_passes_realistic_inputs():
+    """Norm weights away from 1 and cos/sin of real multimodal positions."""
+    defn, case = _case("gqa7", 9)
+    result = run_case(defn, fast.forward, case, seed=77, device=CPU, mode="realistic", hygiene=False)
+    assert result.passed, result.messages
+
+
+@pytest.mark.parametrize("tuning", [
+    dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True),
+         gate_up=fast.GemmConfig(32, 32, 16, 4, 1, use_tma=True),
+         down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True)),
+    dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True, persistent=True),
+         gate_up=fast.GemmConfig(32, 16, 32, 4, 1, use_tma=True, persistent=True, warp_specialize=True),
+         down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True, persistent=True, round_b=True),
+         qkv=fast.GemmConfig(16, 32, 16, 4, 1, round_b=True), qkv_heads_per_tile=1,
+         attention=fast.AttnConfig(16, 16, 4, 1)),
+], ids=["tma", "persistent+round_b"])
+def test_gpu_tile_variants_pass_under_the_interpreter(tuning):
+    """The TMA, persistent and in-kernel-rounding code paths the GPU table uses."""
+    defn, case = _case("gqa7", 9)
+    result = run_case(defn, fast.variant(tuning=tuning), case, seed=5, device=CPU, hygiene=False)
+    assert result.passed, result.messages
+
+
+def test_precision_policies():
+    """"ieee" keeps fp32 operands (interpreter dots are exact: error near fp32 rounding);
+    "tf32" rounds every tensor-core operand to TF32, which must show in the error."""
+    defn, case = _case("small", 9)
+    inputs = _inputs(defn, case, seed=3)
+    ref = reference(*inputs)[0]
+    err = {p: compare(fast.forward(*inputs, precision=p)[0], ref, defn.tolerance)
+           for p in ("ieee", "tf32x3", "tf32")}
+    assert err["ieee"].max_abs < 1e-4 and err["tf32x3"].max_abs < 1e-4
+    assert 1e-5 < err["tf32"].max_abs < defn.tolerance.atol
+    ieee_attention = compare(fast.forward(*inputs, attention_precision="ieee")[0], ref, defn.tolerance)
+    assert ieee_attention.passed
+    with pytest.raises(ValueError, match="precision"):
+        fast.forward(*inputs, precision="fp16")
+
+
+# --------------------------------------------------------------------------- stage taps
+def test_staged_taps_match_the_oracle_and_the_fused_output():
+    defn, case = _case("gqa7", 9)
+    inputs = _inputs(defn, case, seed=11)
+    want: dict = {}
+    reference(*inputs, taps=want)
+    got: dict = {}
+    staged = fast.forward.staged(*inputs, taps=got, precision="ieee")[0]
+    assert set(got) == set(want) == set(defn.stage_names)
+    for name in want:
+        assert got[name].shape == want[name].shape, name
+        err = float((got[name].double() - want[name]).abs().max())
+        assert err < 1e-4, (name, err)
+    # the staged path runs the same kernels: identical output to the fused forward
+    assert torch.equal(staged, fast.forward(*inputs, precision="ieee")[0])
+    tf32_taps: dict = {}
+    assert torch.equal(fast.forward.staged(*inputs, taps=tf32_taps)[0], fast.forward(*inputs)[0])
+
+
+def test_staged_override_replaces_a_stage():
+    defn, case = _case("small", 9)
+    inputs = _inputs(defn, case, seed=12)
+    taps: dict = {}
+    ref = reference(*inputs, taps=taps)[0]
+    # the oracle's attention fed to the fast rest of the layer: still right
+    out = fast.forward.staged(*inputs, override={"attention": taps["attention"]}, precision="ieee")[0]
+    assert compare(out, ref, defn.tolerance).max_abs < 1e-4
+    # a wrong attention output must show downstream (the override is really used)
+    bad = fast.forward.staged(*inputs, override={"attention": torch.zeros_like(taps["attention"])})[0]
+    assert not compare(bad, ref, defn.tolerance).passed
+    seen: dict = {}
+    fast.forward.staged(*inputs, taps=seen, override={"mrope": taps["mrope"]})
+    assert torch.equal(seen["mrope"], taps["mrope"].float())
+    with pytest.raises(ValueError, match="unknown stages"):
+        fast.forward.staged(*inputs, override={"rope": taps["mrope"]})
+
+
+# --------------------------------------------------------------------------- mutants
+@pytest.fixture(scope="module")
+def small_case():
+    """A ragged 'small' case (2 kv heads of 2 query heads each, so i // G != i % Hkv)."""
+    defn, case = _case("small", 9)
+    return defn, case, _inputs(defn, case, seed=2024)
+
+
+@pytest.mark.parametrize("mutant", [m for m in fast.MUTANTS if m != "eps_outside_sqrt"])
+def test_check_rejects_each_mutant(small_case, mutant):
+    defn, case, inputs = small_case
+    good = run_case(defn, fast.forward, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+    assert good.passed, good.messages
+    bad = run_case(defn, fast.variant(mutant), case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+    assert not bad.passed and "tolerance" in bad.violations, (mutant, bad.outputs[0].max_abs)
+
+
+def test_check_rejects_eps_outside_the_sqrt(small_case):
+    """eps only matters next to mean(x^2): with activations of rms 1e-3 (mean square
+    1e-6 = eps) the two formulas differ by 40%; on the correct path nothing changes."""
+    defn, case, inputs = small_case
+    quiet = list(inputs)
+    quiet[0] = inputs[0] * 1e-3
+    good = run_case(defn, fast.forward, case, seed=0, device=CPU, inputs=quiet, hygiene=False)
+    assert good.passed, good.messages
+    bad = run_case(defn, fast.variant("eps_outside_sqrt"), case, seed=0, device=CPU, inputs=quiet,
+                   hygiene=False)
+    assert not bad.passed and "tolerance" in bad.violations
+
+
+def test_staged_path_carries_the_mutant_too(small_case):
+    """The budget reads stages off ``.staged``: a planted bug must show there as well."""
+    defn, case, inputs = small_case
+    ref = reference(*inputs)[0]
+    out = fast.variant("silu_on_up").staged(*inputs)[0]
+    assert not compare(out, ref, defn.tolerance).passed
+
+
+def test_unknown_mutant_is_rejected():
+    with pytest.raises(ValueError, match="mutant"):
+        fast.variant("off_by_one")
+
+
+# --------------------------------------------------------------------------- input errors
+def test_bad_inputs_raise_value_errors_naming_them(small_case):
+    defn, case, inputs = small_case
+    longer = list(inputs)
+    b, s = inputs[0].shape[:2]
+    longer[9] = torch.zeros(3, b, s + 1, inputs[9].shape[-1])
+    longer[10] = longer[9].clone()
+    with pytest.raises(ValueError, match=rf"kv_seq_len={s + 1}.*seq_len={s}"):
+        fast.forward(*longer)
+    wrong_dtype = list(inputs)
+    wrong_dtype[8] = inputs[8].double()
+    with pytest.raises(ValueError, match="o_proj_weight.*float32"):
+        fast.forward(*wrong_dtype)
+    wrong_shape = list(inputs)
+    wrong_shape[14] = inputs[14][:, :-1]
+    with pytest.raises(ValueError, match="down_proj_weight"):
+        fast.forward(*wrong_shape)
+    with pytest.raises(ValueError, match="16 inputs"):
+        fast.variant()(*inputs[:-1])
+
+
+# --------------------------------------------------------------------------- cost model
+def test_cost_model_counts_inputs_outputs_and_products():
+    defn = load(OP, "gqa7")
+    for case in defn.cases([0, 12]):
+        axes = defn.resolve_axes(case.axes)
+        inputs = generate_inputs(defn, case.axes, seed=0)
+        cost = cost_model(axes)
+        b, s, h = axes["batch_size"], axes["seq_len"], axes["hidden_size"]
+        io = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+        assert cost["bytes"] == io + b * s * h * 4
+        weights = sum(t.numel() for t, spec in zip(inputs, defn.inputs)
+                      if spec.name.endswith("proj_weight"))
+        causal = 4 * b * axes["num_heads"] * s * s * axes["head_dim"] / 2
+        assert cost["flops"] == 2 * b * s * weights + causal
+        assert cost["matmul_dtype"] == "tf32"
+
+
+# --------------------------------------------------------------------------- GPU
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("index", [0, 5])
+def test_fast_passes_full_size_on_the_gpu(index):
+    defn, case = _case("seed", index)
+    result = run_case(defn, fast.forward, case, seed=99, device=torch.device("cuda"))
+    assert result.passed, result.messages
+
+
+@gpu
+@pytest.mark.gpu
+def test_ieee_policy_is_near_fp32_on_the_gpu():
+    defn, case = _case("seed", 5)
+    inputs = generate_inputs(defn, case.axes, seed=4, device="cuda")
+    m = compare(fast.forward(*inputs, precision="ieee")[0], reference(*inputs)[0], defn.tolerance)
+    assert m.max_abs < 1e-3 and math.isfinite(m.max_abs)
