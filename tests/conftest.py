@@ -4,6 +4,7 @@ Without a CUDA device, Triton kernels run through the interpreter, which must be
 before triton is first imported."""
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -17,3 +18,13 @@ if not torch.cuda.is_available():
 from fuseval.properties.profiles import load_profile as _load_property_profile  # noqa: E402
 
 _load_property_profile()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """The suite's tensors are tiny and CI has 2 cores: extra intra-op threads only contend
+    (measured 10-20x slower check runs with the default thread count under load)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -291,6 +291,7 @@ def test_end_to_end_only_without_taps_and_the_verdict_still_bites():
     r = run_budget(OP_B, "torch", config="small", cases="0,5")
     assert r.passed and not r.staged and all(s.passed is None for s in r.cases[0].stages)
     assert "exposes no stage taps" in r.to_markdown()
+    assert r.to_html().count("data:image/png;base64,") == 1        # only the across-cases plot
 
     def off_by_a_bit(*inputs):
         return tuple((o.float() * 1.02).to(o.dtype) for o in op_b.torch_eager(*inputs))
@@ -318,6 +319,7 @@ def test_an_implementation_that_raises_is_reported_not_fatal():
     r = run_budget(OP_B, broken, config="small", cases="0", baselines=False)
     assert not r.passed and r.cases[0].raised
     assert "kernel launch failed" in " ".join(r.cases[0].messages)
+    assert "raised in cases 0" in r.to_markdown() and "kernel launch failed" in r.to_html()
 
 
 def test_budget_argument_dict_and_stricter_budget(fp32_reports):
@@ -400,3 +402,14 @@ def test_cli_user_module_without_taps_and_raising(tmp_path, monkeypatch, capsys)
     assert "exposes no stage taps" in capsys.readouterr().out
     assert cli.main(["budget", "--op", OP_B, "--impl", "user_impl:broken", "--cases", "0",
                      "--no-baselines"]) == EXIT_IMPL_RAISED
+
+
+def test_prefetched_inputs_give_the_same_report():
+    """Inputs drawn ahead on worker threads (the GPU default) are the very inputs of the
+    case: the per-stage errors are identical to a run that draws them in turn."""
+    plain = run_budget(OP_B, "reference_fp32", config="small", cases="0,3,9", baselines=False, prefetch=0)
+    ahead = run_budget(OP_B, "reference_fp32", config="small", cases="0,3,9", baselines=False, prefetch=2)
+    for a, b in zip(plain.cases, ahead.cases):
+        assert a.axes == b.axes
+        for sa, sb in zip(a.stages, b.stages):
+            assert sa.local == sb.local and sa.propagated == sb.propagated

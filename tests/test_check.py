@@ -24,13 +24,6 @@ OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors on a shared 2-core machine: extra intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 TOL_A = Tolerance(atol=4e-3, rtol=1e-5, min_matched_ratio=0.98)                       # SPEC op A
 TOL_B = Tolerance(atol=5e-3, rtol=5e-3, min_matched_ratio=0.95, max_abs_error=1.0)   # SPEC op B
 

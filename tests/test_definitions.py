@@ -20,14 +20,6 @@ OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors on a shared 2-core machine: extra intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 # ------------------------------------------------------------------ SPEC.md, transcribed
 # Op A cases as (kv_seq_len, seq_len, batch), op B as (seq_len, batch).
 SPEC_CASES_A = [(128, 128, 1), (128, 128, 4), (128, 128, 16), (128, 128, 32), (128, 128, 64),

@@ -107,7 +107,7 @@ def test_tight_bound_catches_what_the_rule_lets_through():
     verdict, messages, _ = evaluate(ex, mutants.get(OP_B, "rope_applied_to_v"))
     assert verdict == "tight_bound", messages
     assert evaluate(ex, mutants.get(OP_B, "rope_applied_to_v"), tight=False)[0] is None
-    assert tight_bound(OP_A) == 2 * 2.0 ** -11 and tight_bound(OP_B, "fp32") == 4 * 2.0 ** -24
+    assert tight_bound(OP_A) == 2 * 2.0 ** -10 and tight_bound(OP_B, "fp32") == 4 * 2.0 ** -24
     with pytest.raises(ValueError, match="precision"):
         tight_bound(OP_A, "int8")
 

@@ -28,14 +28,6 @@ OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors on a shared 2-core machine: extra intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
-
 # op A: 6 query heads over 2 kv heads (group 3), head_dim 16 -> mRoPE section (2, 3, 3)
 CONFIG_A = {"hidden_size": 32, "num_heads": 6, "num_kv_heads": 2, "head_dim": 16, "intermediate_size": 40}
 AXES_A = {"batch_size": 2, "seq_len": 5, "kv_seq_len": 5}

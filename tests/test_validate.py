@@ -14,13 +14,6 @@ OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Tiny tensors on a shared 2-core machine: extra intra-op threads only contend."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
 CUDA = torch.cuda.is_available()
 
 AXES_A = {"batch_size": 2, "seq_len": 6, "kv_seq_len": 6}

@@ -50,7 +50,7 @@ class OutputMetrics:
     rel_l2: float
     matched_ratio: float
     numel: int
-    nonfinite: int          # non-finite output elements the oracle does not share
+    nonfinite: int          # elements where output and oracle disagree on being finite
     all_zero: bool
     passed: bool
     reasons: list[str] = field(default_factory=list)
@@ -68,7 +68,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
     # a non-finite output is acceptable only where the oracle has the very same value
     same_nonfinite = (~o_fin) & (~r_fin) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
-    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum())
+    # ... and a finite output where the oracle is NaN/Inf (e.g. a NaN scale code decoded as
+    # some number) silently repairs a value the format defines as poisoned: also a failure
+    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum()) + int(((~r_fin) & o_fin).sum())
     both = o_fin & r_fin
     inf = torch.full_like(o, math.inf)
     diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o), inf))

@@ -382,9 +382,10 @@ def render_markdown(d: dict[str, Any]) -> str:
     over = e["cases_over"]
     allow = "; ".join((["benchmark tolerance"] if bs["end_to_end"]["tolerance"] else []) +
                       bs["end_to_end"]["allowances"]) or "-"
+    matched = num(e["min_matched_ratio"])
     lines.append(f"**End to end** ({allow}): {'pass' if not over else f'**OVER** (cases {_cases(over)})'}; "
                  f"used {_pct(e['usage'])}. Max abs error: impl {_e(e['max_abs'])} "
-                 f"(matched >= {_pct(e['min_matched_ratio']) if not math.isnan(num(e['min_matched_ratio'])) else '-'}"
+                 f"(matched >= {'-' if math.isnan(matched) else f'{100 * matched:.2f}%'}"
                  f"{', tolerance failed in cases ' + _cases(e['tolerance_failed']) if e['tolerance_failed'] else ''}); "
                  f"baselines: naive {_e(e['naive_max_abs'])}, float32 reference {_e(e['reference_fp32_max_abs'])}, "
                  f"plain torch {_e(e['torch_max_abs'])}.")

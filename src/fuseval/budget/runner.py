@@ -33,6 +33,7 @@ import inspect
 import math
 import time
 import traceback
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
@@ -47,6 +48,8 @@ from .naive import emulated_stages, round_to
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
 
 __all__ = ["run_budget", "staged_of", "run_until"]
+
+_PREFETCH = 3      # cases whose inputs are drawn ahead, on as many threads (GPU runs only)
 
 
 # --------------------------------------------------------------------------- stage taps
@@ -179,13 +182,19 @@ class _CaseRunner:
         outs = [o.to(d) if o.dtype != d else o for o, d in zip(outputs, self.out_dtypes)]
         return final_metrics(outs, oracle_out, self.out_names, self.defn.tolerance, self.budget.end_to_end.dtype)
 
-    def run(self, case, seed: int, mode: str) -> BudgetCase:
+    def run(self, case, seed: int, mode: str, drawn: Future | None = None) -> BudgetCase:
+        """One case. ``drawn``: a future of the case's inputs drawn on the CPU (prefetched
+        while the previous case ran), else they are drawn here."""
         defn, dev = self.defn, self.device
         seconds: dict[str, float] = {}
         messages: list[str] = []
         axes_all = defn.resolve_axes(case.axes)
-        inputs = self._timed(seconds, "inputs", lambda: generate_inputs(defn, case.axes, seed=seed, mode=mode,
-                                                                         device=dev))
+        if drawn is None:
+            inputs = self._timed(seconds, "inputs", lambda: generate_inputs(defn, case.axes, seed=seed, mode=mode,
+                                                                             device=dev))
+        else:
+            inputs = self._timed(seconds, "inputs", lambda: [
+                v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v for v in drawn.result()])
         oracle_taps: dict[str, torch.Tensor] = {}
         oracle_out = self._timed(seconds, "oracle", lambda: _as_tuple(
             _reference(defn)(*inputs, taps=oracle_taps)))   # validates the inputs once
@@ -267,10 +276,18 @@ class _CaseRunner:
                     prop[name], oracle_taps[name], r.precision, hist=True))
             except ValueError as exc:
                 r.messages.append(f"propagated tap: {exc}")
-        # local: stage k fed every earlier stage's oracle tap, stopped right after stage k
+        # local: stage k fed every earlier stage's oracle tap, rounded to the precision the
+        # implementation stores that stage in (what its stage k reads in production: e.g.
+        # TF32-rounded activations, which a TF32 dot then reads exactly), stopped right
+        # after stage k
+        fed: dict[str, torch.Tensor] = {}
         for i, name in enumerate(self.stages):
             r = results[name]
-            override = {s: oracle_taps[s] for s in self.stages[:i]}
+            for s in self.stages[:i]:
+                if s not in fed:
+                    storage = results[s].impl_storage
+                    fed[s] = oracle_taps[s] if storage in (None, "float64") else round_to(oracle_taps[s], storage)
+            override = {s: fed[s] for s in self.stages[:i]}
             try:
                 taps, _ = self._timed(seconds, "local", lambda: run_until(
                     self.staged, inputs, override=override, stop=name))
@@ -289,6 +306,7 @@ class _CaseRunner:
             except ValueError as exc:
                 r.messages.append(f"local tap: {exc}")
             del taps
+        del fed
         # downstream: the implementation up to stage k, the float64 oracle after
         for i, name in enumerate(self.stages):
             if not all(s in prop for s in self.stages[:i + 1]):
@@ -383,7 +401,8 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
                cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
                seed: int = 0, mode: str = "benchmark", budget: str | Mapping | Budget | None = None,
                progress: Callable[[BudgetCase, int, int], None] | None = None,
-               baselines: bool = True, cpu_threads: int | None = None) -> BudgetReport:
+               baselines: bool = True, cpu_threads: int | None = None,
+               prefetch: int | None = None) -> BudgetReport:
     """Per-stage error-budget report of ``impl`` on ``op``'s benchmark cases.
 
     ``impl``: a name of the operator's table ("fast", "torch", "reference_fp32"...),
@@ -395,6 +414,8 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     ``cpu_threads``: torch CPU threads during the run; by default 1 for a scaled-down
     configuration on the CPU (its tensors are tiny: extra threads only add
     synchronisation, which costs 5-10x on a busy machine), unchanged otherwise.
+    ``prefetch``: how many cases' inputs to draw ahead on worker threads (default 3 on a
+    GPU, none on the CPU).
 
     Case i uses inputs drawn with seed + i, like ``fuseval check``."""
     operator = _ops.get(op, config)
@@ -411,18 +432,35 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         cpu_threads = 1
     old_threads = torch.get_num_threads()
     t0 = time.perf_counter()
+    # On a GPU, drawing the inputs on the CPU (full-size weights, every case: seed + i)
+    # takes longer than the case's GPU work: draw the next cases on worker threads (torch
+    # releases the GIL) while the current one runs. On the CPU there is nothing to overlap.
+    ahead = (_PREFETCH if dev.type == "cuda" else 0) if prefetch is None else int(prefetch)
+    pool = ThreadPoolExecutor(max_workers=ahead) if ahead > 0 else None
+    futures: dict[int, Future] = {}
+
+    def draw_ahead(upto: int) -> None:
+        for c in selected[:upto]:
+            if pool is not None and c.index not in futures:
+                futures[c.index] = pool.submit(generate_inputs, defn, c.axes, seed=seed + c.index, mode=mode,
+                                               device="cpu")
     try:
         if cpu_threads:
             torch.set_num_threads(cpu_threads)
         for n, case in enumerate(selected):
+            draw_ahead(n + 1 + ahead)
             if progress is not None and hasattr(progress, "start"):
                 progress.start(case, n, len(selected))
-            result = runner.run(case, seed + case.index, mode)
+            result = runner.run(case, seed + case.index, mode, drawn=futures.pop(case.index, None))
             results.append(result)
             if progress is not None:
                 progress(result, n + 1, len(selected))
     finally:
         torch.set_num_threads(old_threads)
+        if pool is not None:
+            for f in futures.values():
+                f.cancel()
+            pool.shutdown(wait=True)
     return BudgetReport(
         op=defn.name, impl=_ops.impl_label(impl), config=defn.config, device=str(dev),
         device_name=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",

@@ -10,11 +10,29 @@ def add_common_arguments(p, *, impl_default: str | None = "torch", config_defaul
         p.add_argument("--impl", default=impl_default,
                        help="implementation: a name of the operator's table (reference, torch, fast...) "
                             "or 'module:function' (default: %(default)s)")
-    p.add_argument("--config", default=config_default,
-                   help="'seed' for the full benchmark sizes or a scaled-down configuration such as "
-                        "'small' (default: %(default)s)")
+    p.add_argument("--config", default=config_default, type=parse_config,
+                   help="'seed' for the full benchmark sizes, a scaled-down configuration such as "
+                        "'small', or a JSON mapping of const-axis overrides, e.g. "
+                        "'{\"hidden_size\": 48, \"head_dim\": 16}' (default: %(default)s)")
     p.add_argument("--cases", default=None, help="subset of cases, e.g. '0,3,5-7' (default: all 16)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="input seed; case i uses seed + i (default: %(default)s)")
     p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
                    help="input distribution (default: %(default)s)")
+
+
+def parse_config(value: str):
+    """A configuration name, or a JSON object of const-axis overrides (what the property
+    suite prints when it drew a custom configuration)."""
+    import argparse
+    import json
+    text = value.strip()
+    if not text.startswith("{"):
+        return text
+    try:
+        mapping = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"--config {value!r} is not valid JSON: {exc}") from exc
+    if not isinstance(mapping, dict):
+        raise argparse.ArgumentTypeError(f"--config JSON must be an object, got {type(mapping).__name__}")
+    return mapping

@@ -145,18 +145,21 @@ def torch_eager(hidden_states, cos, sin,
                               float(rms_norm_eps))
 
 
-# bf16 weights cached per packed-weight tensor object (dropped when the tensor dies)
-_BF16_CACHE: dict[int, torch.Tensor] = {}
+# bf16 weights cached per (packed weight, scale, global scale), dropped when the weight
+# tensor dies; tensor version counters detect in-place changes of either tensor
+_BF16_CACHE: dict[tuple, tuple[tuple[int, int], torch.Tensor]] = {}
 
 
 def _cached_weight(packed, scale, global_scale):
-    key = id(packed)
+    key = (id(packed), id(scale), float(global_scale))
+    versions = (packed._version, scale._version)
     entry = _BF16_CACHE.get(key)
-    if entry is None:
-        entry = dequantize_torch(packed, scale, global_scale)
+    if entry is None or entry[0] != versions:
+        if entry is None:
+            weakref.finalize(packed, _BF16_CACHE.pop, key, None)
+        entry = (versions, dequantize_torch(packed, scale, global_scale))
         _BF16_CACHE[key] = entry
-        weakref.finalize(packed, _BF16_CACHE.pop, key, None)
-    return entry
+    return entry[1]
 
 
 def torch_cached_bf16(hidden_states, cos, sin,
