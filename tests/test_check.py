@@ -120,6 +120,18 @@ def test_compare_nan_elsewhere_fails_as_nonfinite():
     assert m3.matched_ratio == pytest.approx(0.7) and not m3.passed
 
 
+def test_compare_finite_output_where_oracle_is_nan_is_a_nonfinite_failure():
+    """A NaN scale code poisons its columns in the oracle; an implementation that decodes it
+    as a number "repairs" them. One such column among many would slip under a 95% matched
+    rule, so it is a named failure of its own."""
+    ref = torch.ones(1000, dtype=torch.float64)
+    ref[:16] = math.nan                       # one 16-column block, 1.6% of the elements
+    out = ref.nan_to_num(0.5)                 # the implementation returns numbers there
+    m = compare(out, ref, TOL_B)
+    assert m.matched_ratio == pytest.approx(0.984)      # above the 95% rule on its own
+    assert not m.passed and "nonfinite" in m.reasons and m.nonfinite == 16
+
+
 def test_compare_all_zero_output_against_nonzero_oracle():
     ref = torch.full((10,), 1e-3, dtype=torch.float64)
     m = compare(torch.zeros(10), ref, TOL_A)

@@ -42,7 +42,7 @@ asks for ``round_b`` (rounding in the kernel: 1.7-2.2x slower at 8192 tokens, so
 GPU tiles come from a table measured on the H200 (``GPU_TABLE``); see
 benchmarks/notes_qwen2vl_decoder_layer.md for the numbers.
 
-``forward.staged`` implements the stage-tap protocol (docs/HELPERS-CONTEXT.md): the
+``forward.staged`` implements the stage-tap protocol (docs/developing.md): the
 same kernels, unfused where a stage boundary falls inside a fused kernel (plain QKV,
 then a RoPE kernel; gate/up, then a SwiGLU kernel), so every SPEC stage can be read or
 overridden. ``variant(mutant=...)`` builds deliberately broken versions for the tests.
