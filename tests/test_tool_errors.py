@@ -136,7 +136,7 @@ def test_malformed_budget_file(user_module, tmp_path, capsys):
     assert code == EXIT_BAD_FILE and "not valid JSON" in err and "budget.json" in err
     missing = tmp_path / "nope.json"
     code, out, err = run(gate_cmd("torch", tmp_path, "--budget", str(missing)), capsys)
-    assert code == EXIT_BAD_FILE and "does not exist" in err
+    assert code == EXIT_BAD_FILE and "no such file" in err and "nope.json" in err
 
 
 def test_budget_file_with_a_wrong_field(user_module, tmp_path, capsys):

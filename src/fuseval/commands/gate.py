@@ -9,8 +9,6 @@ mypkg.kernels:qkv_rope --profile gpu'. See docs/ci.md.
 """
 from __future__ import annotations
 
-import json
-import os
 import sys
 
 
@@ -46,28 +44,13 @@ def add_arguments(p) -> None:
 
 
 def _check_budget_file(path: str) -> None:
+    """Fail fast, with EXIT_BAD_FILE, on a budget file the budget package cannot load."""
+    from ..budget import load_budget
     from ..errors import EXIT_BAD_FILE, FusevalError
-    if not os.path.isfile(path):
-        raise FusevalError(f"budget file {path!r} does not exist", EXIT_BAD_FILE)
     try:
-        with open(path) as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise FusevalError(f"budget file {path!r} is not valid JSON: {exc}", EXIT_BAD_FILE) from exc
-    if not isinstance(data, dict):
-        raise FusevalError(f"budget file {path!r} must hold a JSON object, got {type(data).__name__}",
-                           EXIT_BAD_FILE)
-    # the budget package validates its own format when it offers a loader
-    try:
-        import fuseval.budget as budget
-    except ImportError:
-        return
-    loader = next((getattr(budget, n) for n in ("load_budget", "load_budget_file") if hasattr(budget, n)), None)
-    if loader is not None:
-        try:
-            loader(path)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise FusevalError(f"budget file {path!r} is malformed: {exc}", EXIT_BAD_FILE) from exc
+        load_budget(path)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+        raise FusevalError(f"cannot use the budget file: {exc}", EXIT_BAD_FILE) from exc
 
 
 def run(args) -> int:
