@@ -32,7 +32,6 @@ the comparison quiet on a different but equivalent machine as well.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import math
 import os
@@ -75,9 +74,7 @@ def _round(x: Any) -> Any:
 
 
 def _num(x: Any) -> float:
-    """A stored number back to float ("inf"/"nan" strings included)."""
-    if isinstance(x, str):
-        return float(x)
+    """A stored number back to float ("inf"/"nan" strings included: float() reads them)."""
     return float(x)
 
 
@@ -164,10 +161,12 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     import torch
     from . import __version__
     from .check import check, resolve_device
+    from .gate import utc_timestamp
     from .ops import get, impl_label
-    from .stats import seed_list
+    from .report import case_verdict
+    from .stats import seed_values
 
-    seed_values = seed_list(seeds) if isinstance(seeds, int) else [int(s) for s in seeds]
+    seeds = seed_values(seeds)
     operator = get(op, config)
     defn = operator.definition
     fn = operator.implementation(impl)          # ImplementationError early, before any work
@@ -194,13 +193,12 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     samples: dict[int, dict[str, dict[str, dict[str, list[float]]]]] = {
         c.index: {"outputs": {}, "stages": {}} for c in selected}
 
-    for s in seed_values:
+    for s in seeds:
         say(f"{defn.name} baseline: check seed {s}")
         rep = check(defn.name, fn, config=config, cases=[c.index for c in selected], device=dev, seed=s,
                     mode=mode, hygiene=False,
                     progress=lambda r, done, total, _s=s: say(
-                        f"{defn.name} check seed {_s} [{done}/{total}] case {r.case}: "
-                        + ("ok" if r.passed else "FAIL " + ",".join(r.violations))))
+                        f"{defn.name} check seed {_s} [{done}/{total}] case {r.case}: {case_verdict(r)}"))
         for c in rep.cases:
             entry = per_case[c.case]
             entry["passed_per_seed"].append(bool(c.passed))
@@ -248,14 +246,14 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
         "tool": "fuseval baseline",
         "fuseval_version": __version__,
         "torch_version": torch.__version__,
-        "created": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "created": utc_timestamp(),
         "op": defn.name,
         "impl": impl_label(impl),
         "config": defn.config,
         "device": dev.type,
         "device_name": device_name,
         "mode": mode,
-        "seeds": seed_values,
+        "seeds": seeds,
         "tolerance": asdict(defn.tolerance),
         "sources": ["check"] + (["budget"] if use_stages else []) + (["latency"] if use_latency else []),
         "cases": cases_doc,

@@ -44,6 +44,20 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     return parser, handlers
 
 
+def _value_error_exit_code(exc: Exception) -> int | None:
+    """The exit code of a ValueError a user can fix (bad input), None for anything else."""
+    from .ops import ImplementationError
+    if isinstance(exc, ImplementationError):
+        return EXIT_IMPORT_ERROR
+    if not isinstance(exc, ValueError):
+        return None
+    if "unknown operator" in str(exc):
+        return EXIT_UNKNOWN_OPERATOR
+    if "no CUDA device" in str(exc):
+        return EXIT_NO_DEVICE
+    return EXIT_USAGE
+
+
 def main(argv=None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
@@ -56,22 +70,12 @@ def main(argv=None) -> int:
         print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - map known error kinds to exit codes
-        from .ops import ImplementationError
         if os.environ.get("FUSEVAL_DEBUG"):
             traceback.print_exc()
-        msg = f"fuseval {args.command}: error: {exc}"
-        if isinstance(exc, ImplementationError):
-            print(msg, file=sys.stderr)
-            return EXIT_IMPORT_ERROR
-        if isinstance(exc, ValueError) and "unknown operator" in str(exc):
-            print(msg, file=sys.stderr)
-            return EXIT_UNKNOWN_OPERATOR
-        if isinstance(exc, ValueError) and "no CUDA device" in str(exc):
-            print(msg, file=sys.stderr)
-            return EXIT_NO_DEVICE
-        if isinstance(exc, ValueError):
-            print(msg, file=sys.stderr)
-            return EXIT_USAGE
+        code = _value_error_exit_code(exc)
+        if code is not None:
+            print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
+            return code
         traceback.print_exc()
         print(f"fuseval {args.command}: internal error: {type(exc).__name__}: {exc} "
               "(this is a bug in fuseval; please report it)", file=sys.stderr)

@@ -212,13 +212,10 @@ class GateReport:
             for t in tests:
                 case = ET.SubElement(suite, "testcase", classname=f"fuseval.{c.op}.{c.name}",
                                      name=t.name, time=f"{t.seconds:.3f}")
-                if t.status == "fail":
-                    counts["failures"] += 1
-                    el = ET.SubElement(case, "failure", message=_clean(t.message)[:500])
-                    el.text = _clean(t.details or t.message)
-                elif t.status == "error":
-                    counts["errors"] += 1
-                    el = ET.SubElement(case, "error", message=_clean(t.message)[:500])
+                if t.status in ("fail", "error"):
+                    tag = "failure" if t.status == "fail" else "error"
+                    counts[tag + "s"] += 1
+                    el = ET.SubElement(case, tag, message=_clean(t.message)[:500])
                     el.text = _clean(t.details or t.message)
                 elif t.status == "skipped":
                     counts["skipped"] += 1
@@ -255,16 +252,25 @@ class GateReport:
         lines = [f"fuseval gate {verdict}: impl={self.impl} profile={self.profile} device={self.device}"]
         for c in self.components:
             lines.append(f"  {c.op:24s} {c.name:10s} {c.status:7s} {c.seconds:6.1f}s  {c.summary}")
+        for c, found in self._findings(max_findings):
+            lines.append(f"{c.op} / {c.name} ({c.status}):")
+            lines += ["  " + line for line in found]
+        return "\n".join(lines)
+
+    def _findings(self, max_findings: int):
+        """(component, lines) for each component with problems: its first findings, at most
+        4 per component and ``max_findings`` in all, each shortened by :func:`_short`."""
         shown = 0
         for c in self.components:
             if c.status in ("pass", "skipped") or not c.messages:
                 continue
-            lines.append(f"{c.op} / {c.name} ({c.status}):")
+            found = []
             for m in c.messages[:4]:
-                if shown < max_findings:
-                    lines += ["  " + line for line in _short(m)]
-                    shown += 1
-        return "\n".join(lines)
+                if shown >= max_findings:
+                    break
+                found += _short(m)
+                shown += 1
+            yield c, found
 
     def print_summary(self, stream: TextIO | None = None, max_findings: int = 12) -> None:
         """One screen: a table of components, then the first findings of each problem."""
@@ -280,17 +286,10 @@ class GateReport:
             table.add_row(c.op, c.name, f"[{colors.get(c.status, 'white')}]{c.status}[/]",
                           f"{c.seconds:.1f}s", _escape(c.summary))
         out.print(table)
-        shown = 0
-        for c in self.components:
-            if c.status in ("pass", "skipped") or not c.messages:
-                continue
+        for c, found in self._findings(max_findings):
             out.print(f"{c.op} / {c.name} ({c.status}):", markup=False, highlight=False)
-            for m in c.messages[:4]:
-                if shown >= max_findings:
-                    break
-                for line in _short(m):
-                    out.print("  " + line, markup=False, highlight=False)
-                shown += 1
+            for line in found:
+                out.print("  " + line, markup=False, highlight=False)
             if len(c.messages) > 4:
                 out.print(f"  ... {len(c.messages) - 4} more (see the reports)", markup=False,
                           highlight=False)
@@ -312,6 +311,11 @@ def _short(message: str, width: int = 200) -> list[str]:
     lines = str(message).splitlines() or [""]
     keep = [lines[0]] + [ln.strip() for ln in lines[1:] if ln.strip().startswith("reproduce")][:1]
     return [ln if len(ln) <= width else ln[:width - 3] + "..." for ln in keep]
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, as the reports record it: 2025-01-31T12:00:00Z."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _md(text: str) -> str:
@@ -370,12 +374,14 @@ def resolve_ops(op: str | Sequence[str]) -> list[str]:
 
 
 def _resolve_device(device: str | None) -> str:
+    """The check's device resolution (default cpu), its one error given the gate's exit code."""
     import torch
-    dev = torch.device(device or "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
+    from .check import resolve_device
+    try:
+        return str(resolve_device(device or "cpu"))
+    except ValueError:
         raise FusevalError(f"device {device!r} was requested but torch {torch.__version__} sees no CUDA "
-                           "device; use --device cpu or a CPU profile (ci, thorough)", EXIT_NO_DEVICE)
-    return str(dev)
+                           "device; use --device cpu or a CPU profile (ci, thorough)", EXIT_NO_DEVICE) from None
 
 
 def _resolve_impl(op: str, impl: str | Callable, config: str) -> Callable:
@@ -438,11 +444,12 @@ class _Context:
 
 
 def _component_check(ctx: _Context) -> ComponentResult:
+    from .definitions import axes_label
+    from .report import case_verdict
     from .stats import check_over_seeds
 
     def progress(seed, result, done, total):
-        verdict = "ok" if result.passed else "FAIL " + ",".join(result.violations)
-        ctx.progress(f"{ctx.op} check seed {seed} [{done}/{total}] case {result.case}: {verdict} "
+        ctx.progress(f"{ctx.op} check seed {seed} [{done}/{total}] case {result.case}: {case_verdict(result)} "
                      f"({result.impl_seconds:.2f}s)")
 
     stats = check_over_seeds(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device,
@@ -461,7 +468,7 @@ def _component_check(ctx: _Context) -> ComponentResult:
         for c in rep.cases:
             by_case.setdefault(c.case, []).append((rep.seed, c))
     for case, runs in sorted(by_case.items()):
-        axes = " ".join(f"{k}={v}" for k, v in runs[0][1].axes.items())
+        axes = axes_label(runs[0][1].axes)
         failed = [(s, c) for s, c in runs if not c.passed]
         seconds = sum(c.impl_seconds + c.oracle_seconds for _, c in runs)
         if failed:
@@ -482,9 +489,8 @@ def _component_check(ctx: _Context) -> ComponentResult:
         else:
             tests.append(TestResult(name, "pass", 0.0, output=("WARNING: " if m.verdict == "warn" else "")
                                     + m.describe()))
-    messages = [ln for ln in stats.lines()
-                if not ln.startswith(tuple(f"{m.output} {m.metric}" for m in stats.metrics
-                                           if m.verdict == "pass" or m.threshold is None))]
+    quiet = tuple(f"{m.output} {m.metric}" for m in stats.metrics if m.verdict == "pass" or m.threshold is None)
+    messages = [ln for ln in stats.lines() if not ln.startswith(quiet)]
     files = {}
     if ctx.out:
         path = os.path.join(ctx.out, f"check-{ctx.op}.json")
@@ -516,6 +522,17 @@ def _failure_text(failure: Any) -> str:
     return str(failure)
 
 
+def _report_data(report: Any) -> dict:
+    """A component report's ``to_dict()`` made JSON-safe ({} when it has none)."""
+    to_dict = getattr(report, "to_dict", None)
+    if not callable(to_dict):
+        return {}
+    try:
+        return jsonable(to_dict())
+    except Exception as exc:  # noqa: BLE001 - a report that cannot serialise is not a verdict
+        return {"to_dict_error": f"{type(exc).__name__}: {exc}"}
+
+
 def _component_properties(ctx: _Context) -> ComponentResult:
     import fuseval.properties as properties
     result = _call(properties.check_implementation, ctx.op, ctx.impl, profile=ctx.profile.properties,
@@ -541,13 +558,7 @@ def _component_properties(ctx: _Context) -> ComponentResult:
     if not passed and failures:
         first = messages[0].splitlines()
         summary += f"; first: {first[0][:160]}" if first else ""
-    data = {}
-    to_dict = getattr(result, "to_dict", None)
-    if callable(to_dict):
-        try:
-            data = jsonable(to_dict())
-        except Exception as exc:  # noqa: BLE001 - a report that cannot serialise is not a verdict
-            data = {"to_dict_error": f"{type(exc).__name__}: {exc}"}
+    data = _report_data(result)
     files = {}
     if ctx.out and data:
         path = os.path.join(ctx.out, f"properties-{ctx.op}.json")
@@ -626,13 +637,7 @@ def _component_budget(ctx: _Context) -> ComponentResult:
                 tests.append(TestResult(f"stage {stage}", "fail", 0.0, f"{len(bad)} row(s) over budget", text))
             else:
                 tests.append(TestResult(f"stage {stage}", "pass"))
-    data = {}
-    to_dict = getattr(report, "to_dict", None)
-    if callable(to_dict):
-        try:
-            data = jsonable(to_dict())
-        except Exception as exc:  # noqa: BLE001
-            data = {"to_dict_error": f"{type(exc).__name__}: {exc}"}
+    data = _report_data(report)
     return ComponentResult(ctx.op, "budget", "pass" if passed else "fail", summary,
                            exit_code=EXIT_OK if passed else EXIT_CHECK_FAILED, messages=messages,
                            tests=tests, files=files, data=data, result=report)
@@ -640,11 +645,12 @@ def _component_budget(ctx: _Context) -> ComponentResult:
 
 def _budget_findings(report: Any, limit: int = 12) -> list[str]:
     """One line per case over budget: where, which allowance, value against limit."""
+    from .definitions import axes_label
     lines: list[str] = []
     for c in getattr(report, "cases", None) or []:
         if getattr(c, "passed", True):
             continue
-        axes = " ".join(f"{k}={v}" for k, v in (getattr(c, "axes", None) or {}).items())
+        axes = axes_label(getattr(c, "axes", None) or {})
         where = getattr(c, "first_over_budget", None)
         detail = ""
         stage = next((s for s in getattr(c, "stages", []) if getattr(s, "stage", None) == where), None)
@@ -771,7 +777,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     Raises :class:`FusevalError` for bad input to the gate itself (unknown operator,
     profile or component, an implementation that does not import, no CUDA device)."""
     t_start = time.perf_counter()
-    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    started = utc_timestamp()
     names = resolve_ops(op)
     components = list(components)
     for c in components:

@@ -38,7 +38,7 @@ from typing import Any
 
 import pytest
 
-COMPONENT_NAMES = ("check", "properties", "budget")
+from .gate import COMPONENTS as COMPONENT_NAMES   # gate.py imports only the standard library at load
 
 
 class FusevalGateWarning(UserWarning):
@@ -182,17 +182,17 @@ def pytest_collection_modifyitems(session, config, items) -> None:
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     results = session.config.stash.get(_RESULTS, None)
-    out = _settings(session.config)["out"] if results else None
-    if not results or not out:
+    if not results:
         return
-    import datetime
-    from .gate import GateReport
+    settings = _settings(session.config)
+    if not settings["out"]:
+        return
+    from .gate import GateReport, utc_timestamp
     report = GateReport(sorted({r.op for r in results}), ",".join(sorted({i.impl for i in session.items
                                                                           if isinstance(i, FusevalItem)})),
-                        _settings(session.config)["profile"], "-", False, results,
-                        sum(r.seconds for r in results),
-                        datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
-    report.save(out)
+                        settings["profile"], "-", False, results, sum(r.seconds for r in results),
+                        utc_timestamp())
+    report.save(settings["out"])
 
 
 # --------------------------------------------------------------------------- fixture

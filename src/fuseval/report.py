@@ -5,7 +5,9 @@ import math
 import sys
 from typing import TextIO
 
-__all__ = ["case_progress", "print_check_report", "console", "fmt_err"]
+from .definitions import axes_label
+
+__all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err"]
 
 
 def console(stream: TextIO | None = None):
@@ -21,12 +23,15 @@ def fmt_err(x: float) -> str:
     return f"{x:.3e}"
 
 
+def case_verdict(result) -> str:
+    """A checked case in a progress line: "ok" or "FAIL" and its violations."""
+    return "ok" if result.passed else "FAIL " + ",".join(result.violations)
+
+
 def case_progress(stream: TextIO = sys.stderr):
     """A progress callback: one line per finished case, so long runs show they are alive."""
     def report(result, done: int, total: int) -> None:
-        verdict = "ok" if result.passed else "FAIL " + ",".join(result.violations)
-        axes = " ".join(f"{k}={v}" for k, v in result.axes.items())
-        print(f"[{done}/{total}] case {result.case} ({axes}): {verdict} "
+        print(f"[{done}/{total}] case {result.case} ({axes_label(result.axes)}): {case_verdict(result)} "
               f"(impl {result.impl_seconds:.2f}s, oracle {result.oracle_seconds:.2f}s)",
               file=stream, flush=True)
     return report
@@ -43,7 +48,7 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
     for col in ("case", "axes", "output", "max abs", "rel L2", "matched", "verdict"):
         table.add_column(col, justify="right" if col not in ("axes", "output", "verdict") else "left")
     for c in report.cases:
-        axes = " ".join(f"{k}={v}" for k, v in c.axes.items())
+        axes = axes_label(c.axes)
         verdict = "[green]pass[/]" if c.passed else "[red]FAIL[/] " + ",".join(c.violations)
         if not c.outputs:
             table.add_row(str(c.case), axes, "-", "-", "-", "-", verdict)

@@ -34,7 +34,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-__all__ = ["MetricStats", "StatsReport", "check_over_seeds", "judge", "seed_list",
+__all__ = ["MetricStats", "StatsReport", "check_over_seeds", "judge", "seed_list", "seed_values",
            "DEFAULT_WARN_MARGIN", "VERDICTS"]
 
 DEFAULT_WARN_MARGIN = 0.5
@@ -49,6 +49,11 @@ def seed_list(n: int, base: int = 0) -> list[int]:
     if n < 1:
         raise ValueError(f"the number of seeds must be >= 1, got {n}")
     return [base + SEED_STRIDE * k for k in range(n)]
+
+
+def seed_values(seeds: int | Sequence[int]) -> list[int]:
+    """Seeds given as a count (``seed_list(n)``) or explicitly."""
+    return seed_list(seeds) if isinstance(seeds, int) else [int(s) for s in seeds]
 
 
 def _worse(verdict_a: str, verdict_b: str) -> str:
@@ -275,11 +280,11 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
     and leaves the slow large ones to the first seed.
     ``progress(seed, result, done, total)`` is called after every case."""
     from .check import check
-    seed_values = seed_list(seeds) if isinstance(seeds, int) else [int(s) for s in seeds]
-    if not seed_values:
+    seeds = seed_values(seeds)
+    if not seeds:
         raise ValueError("check_over_seeds needs at least one seed")
     reports = []
-    for k, s in enumerate(seed_values):
+    for k, s in enumerate(seeds):
         cb = None
         if progress is not None:
             cb = (lambda result, done, total, _s=s: progress(_s, result, done, total))

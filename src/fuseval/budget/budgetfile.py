@@ -35,7 +35,8 @@ from importlib import resources
 from typing import Any, Mapping
 
 from ..definitions import Definition, list_operators, load
-from .metrics import ABS_METRICS, METRICS, PRECISIONS, REL_METRICS, ULP_METRICS, ulp, unit_roundoff
+from .metrics import (ABS_METRICS, METRICS, PRECISIONS, REL_METRICS, ULP_METRICS, check_precision, ulp,
+                      unit_roundoff)
 
 __all__ = ["Allowance", "StageBudget", "EndToEndBudget", "Budget", "load_budget", "default_budget_path",
            "SCHEMA_VERSION", "KINDS"]
@@ -225,12 +226,6 @@ def default_budget_path(op: str) -> str:
     return str(resources.files(__package__).joinpath(f"{op}.json"))
 
 
-def _precision(raw: Any, where: str) -> str:
-    if raw not in PRECISIONS:
-        raise ValueError(f"{where}: unknown precision {raw!r}; expected one of {sorted(PRECISIONS)}")
-    return raw
-
-
 def _check_keys(raw: Any, allowed: set[str], where: str) -> None:
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where}: expected an object, got {type(raw).__name__}")
@@ -281,8 +276,8 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
             if k not in merged:
                 raise ValueError(f"{where}: stages.{spec.name}: no {k!r} (give it in the stage, its group "
                                  "or 'defaults')")
-        dtype = _precision(merged["dtype"], f"{where}: {origin['dtype']}.dtype")
-        operand = _precision(merged.get("operand_dtype", "float32"),
+        dtype = check_precision(merged["dtype"], f"{where}: {origin['dtype']}.dtype")
+        operand = check_precision(merged.get("operand_dtype", "float32"),
                              f"{where}: {origin.get('operand_dtype', 'defaults')}.operand_dtype")
         allowances = _allowances(merged["allowance"], f"{where}: {origin['allowance']}.allowance", axis_names,
                                  stage=True)
@@ -297,7 +292,7 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
     if not isinstance(tol, bool):
         raise ValueError(f"{where}: end_to_end.tolerance: expected true or false, got {tol!r}")
     out_dtype = defn.outputs[0].dtype
-    e2e_dtype = _precision(e2e.get("dtype", out_dtype if out_dtype in PRECISIONS else "float32"),
+    e2e_dtype = check_precision(e2e.get("dtype", out_dtype if out_dtype in PRECISIONS else "float32"),
                            f"{where}: end_to_end.dtype")
     description = raw.get("description", "")
     if not isinstance(description, str):

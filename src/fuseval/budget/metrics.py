@@ -24,12 +24,13 @@ fp32's exponent range: what tensor cores read of an fp32 operand) has no torch d
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import torch
 
 __all__ = ["PRECISIONS", "check_precision", "ulp", "unit_roundoff", "error_metrics", "final_metrics",
-           "storage_precision", "finer", "HIST_EDGES", "METRICS", "ULP_METRICS", "ABS_METRICS", "REL_METRICS"]
+           "storage_precision", "dtype_precision", "finer", "HIST_EDGES", "METRICS", "ULP_METRICS",
+           "ABS_METRICS", "REL_METRICS"]
 
 # name -> (explicit mantissa bits, smallest normal exponent)
 PRECISIONS: dict[str, tuple[int, int]] = {
@@ -89,15 +90,21 @@ _TORCH_PRECISION = {torch.float64: "float64", torch.float32: "float32", torch.bf
                     torch.float16: "float16"}
 
 
+def dtype_precision(dtype: torch.dtype) -> str:
+    """The precision name of a floating-point torch dtype (ValueError for any other)."""
+    name = _TORCH_PRECISION.get(dtype)
+    if name is None:
+        raise ValueError(f"stage taps must be floating point, got {dtype}")
+    return name
+
+
 def storage_precision(t: torch.Tensor) -> str:
     """The precision a tensor's values are stored in: its dtype, or for float32 storage
     the coarsest grid every finite value lies on (bf16: low 16 bits zero; tf32: low 13
     bits zero), so a kernel that rounds its float32 stage output to TF32 (because a TF32
     GEMM reads it next) is recognised as storing TF32. Fewer than 64 nonzero values say
     nothing (float32 is assumed): small integers lie on every grid."""
-    name = _TORCH_PRECISION.get(t.dtype)
-    if name is None:
-        raise ValueError(f"stage taps must be floating point, got {t.dtype}")
+    name = dtype_precision(t.dtype)
     if name != "float32":
         return name
     bits = t.detach().contiguous().view(torch.int32)
@@ -211,10 +218,3 @@ def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor
         em.pop("rel_l2")
         res.update(em)
     return res
-
-
-def as_float(metrics: Mapping[str, Any] | None, key: str) -> float:
-    """metrics[key] as a float (NaN when the metrics are missing)."""
-    if not metrics or key not in metrics or metrics[key] is None:
-        return math.nan
-    return float(metrics[key])

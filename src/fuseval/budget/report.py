@@ -256,6 +256,14 @@ def _least(values):
     return min(vals) if vals else math.nan
 
 
+def _worst_usage(entries: list[tuple[int, dict]]) -> tuple[float, int | None]:
+    """The largest budget usage (value / limit over every check) among (case, judged
+    entry) pairs, and the case it happens in; (NaN, None) when nothing was judged."""
+    usage = [(max((num(ch["usage"]) for ch in e["checks"]), default=math.nan), i) for i, e in entries]
+    judged = [(u, i) for u, i in usage if not math.isnan(u)]
+    return max(judged) if judged else (math.nan, None)
+
+
 def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
     """Per stage (and end to end), the worst over cases: budget usage (value / limit,
     the largest over the stage's checks) and the case where it happens, the largest
@@ -264,9 +272,7 @@ def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in stages:
         entries = [(c["case"], next(s for s in c["stages"] if s["stage"] == name)) for c in cases]
-        usage = [(max((num(ch["usage"]) for ch in s["checks"]), default=math.nan), i) for i, s in entries]
-        judged = [(u, i) for u, i in usage if not math.isnan(u)]
-        worst_usage, worst_case = max(judged) if judged else (math.nan, None)
+        worst_usage, worst_case = _worst_usage(entries)
         def worst(kind, key):
             return _worst(num(s[kind][key]) if s.get(kind) else None for _, s in entries)
         out[name] = {
@@ -284,9 +290,7 @@ def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
             "precision": "/".join(sorted({s["precision"] for _, s in entries if s.get("precision")})) or None,
         }
     e2e = [(c["case"], c["end_to_end"]) for c in cases]
-    usage = [(max((num(ch["usage"]) for ch in e["checks"]), default=math.nan), i) for i, e in e2e]
-    judged = [(u, i) for u, i in usage if not math.isnan(u)]
-    worst_usage, worst_case = max(judged) if judged else (math.nan, None)
+    worst_usage, worst_case = _worst_usage(e2e)
     def wf(kind, key, fn=_worst):
         return fn(num(e[kind][key]) if e.get(kind) else None for _, e in e2e)
     out["end_to_end"] = {

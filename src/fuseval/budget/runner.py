@@ -28,7 +28,6 @@ one extra stage tensor alive, and everything of a case is freed before the next.
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import math
 import time
@@ -116,7 +115,7 @@ def staged_of(defn: Definition, impl: str | Callable, fn: Callable) -> Callable 
 
 
 def _reference(defn: Definition) -> Callable:
-    return importlib.import_module(defn.module).reference
+    return _ops.resolve_impl(defn, "reference")
 
 
 def _sync(device: torch.device) -> None:
@@ -161,9 +160,9 @@ class _CaseRunner:
         self.baselines = baselines
         self.stages = [s.name for s in defn.stages]
         self.parents = {s.name: s.parent for s in defn.stages}
-        reference = _reference(defn)
-        self.oracle = functools.partial(reference, validate=False)
-        self.reference32 = functools.partial(reference, dtype=torch.float32, validate=False)
+        self.reference = _reference(defn)
+        self.oracle = functools.partial(self.reference, validate=False)
+        self.reference32 = functools.partial(self.reference, dtype=torch.float32, validate=False)
         self.out_dtypes = [TORCH_DTYPES[s.dtype] for s in defn.outputs]
         self.out_names = [s.name for s in defn.outputs]
         self.needs_naive = any(a.kind == "relative_to_naive" for sb in budget.stages.values()
@@ -197,7 +196,7 @@ class _CaseRunner:
                 v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v for v in drawn.result()])
         oracle_taps: dict[str, torch.Tensor] = {}
         oracle_out = self._timed(seconds, "oracle", lambda: _as_tuple(
-            _reference(defn)(*inputs, taps=oracle_taps)))   # validates the inputs once
+            self.reference(*inputs, taps=oracle_taps)))   # validates the inputs once
         results = {name: StageResult(name, self.parents[name], self.budget.stages[name].dtype)
                    for name in self.stages}
         e2e = EndToEnd()

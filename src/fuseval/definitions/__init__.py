@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
-    "load", "list_operators", "evaluate_expression",
+    "load", "list_operators", "evaluate_expression", "axes_label",
 ]
 
 
@@ -66,6 +66,11 @@ class Tolerance:
     max_abs_error: float | None = None
 
 
+def axes_label(axes: Mapping[str, int]) -> str:
+    """An axis binding as reports print it: "batch_size=1 seq_len=128"."""
+    return " ".join(f"{k}={v}" for k, v in axes.items())
+
+
 @dataclass(frozen=True)
 class Case:
     index: int
@@ -73,7 +78,7 @@ class Case:
 
     @property
     def label(self) -> str:
-        return " ".join(f"{k}={v}" for k, v in self.axes.items())
+        return axes_label(self.axes)
 
 
 _ALLOWED_NODES = (ast.Expression, ast.BinOp, ast.Compare, ast.Name, ast.Constant, ast.Load,

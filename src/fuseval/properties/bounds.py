@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..definitions import load
+from ..ops import resolve_impl
 from ..refimpl import stages as st
 
 __all__ = ["U32", "U_BF16", "SAFETY", "gamma", "stage_bounds", "fp32_error_vs_bound",
@@ -228,13 +229,26 @@ def _ratio(err: torch.Tensor, bound: torch.Tensor) -> float:
     return float((err / bound.clamp(min=1e-300)).max()) if err.numel() else 0.0
 
 
+def _error_vs_bound(what: str, value: torch.Tensor, oracle: torch.Tensor,
+                    bound: torch.Tensor) -> tuple[dict[str, float], torch.Tensor]:
+    """{max_err, max_ratio, max_bound} of |value - oracle| against ``bound`` over the
+    oracle's finite elements (an AssertionError when the two disagree on which elements are
+    finite), and that finite mask."""
+    finite = torch.isfinite(oracle)
+    if not torch.equal(torch.isfinite(value), finite):
+        raise AssertionError(f"{what}: float32 and float64 disagree on which elements are finite")
+    err = (value.to(torch.float64) - oracle).abs()[finite]
+    bnd = bound[finite]
+    return {"max_err": float(err.max()) if err.numel() else 0.0, "max_ratio": _ratio(err, bnd),
+            "max_bound": float(bnd.max()) if bnd.numel() else 0.0}, finite
+
+
 def fp32_error_vs_bound(op: str, inputs: Sequence[Any], run: Callable | None = None) -> dict[str, Any]:
     """End-to-end: run the float32 reference (or ``run(*inputs)``, unrounded outputs) and
     the bound; return per output the max error, the max of error / bound (<= 1 when the
     bound holds), the largest bound element and, for bf16 outputs, the ratio after rounding
     to bf16 (bound + U_BF16 (|oracle| + bound))."""
     defn = load(op)
-    from ..ops import resolve_impl
     ref = resolve_impl(defn, "reference")
     taps: dict = {}
     oracle = ref(*inputs, taps=taps)
@@ -247,14 +261,9 @@ def fp32_error_vs_bound(op: str, inputs: Sequence[Any], run: Callable | None = N
     outs32 = run(*inputs) if run is not None else ref(*inputs, dtype=torch.float32)
     result = {}
     for spec, o32, o64, bound in zip(defn.outputs, outs32, oracle, bounds_out):
-        finite = torch.isfinite(o64)
-        if not torch.equal(torch.isfinite(o32), finite):
-            raise AssertionError(f"{op}/{spec.name}: float32 and float64 disagree on which elements are finite")
-        err = (o32.to(torch.float64) - o64).abs()[finite]
-        o64f, bnd = o64[finite], bound[finite]
-        entry = {"max_err": float(err.max()) if err.numel() else 0.0, "max_ratio": _ratio(err, bnd),
-                 "max_bound": float(bnd.max()) if bnd.numel() else 0.0}
+        entry, finite = _error_vs_bound(f"{op}/{spec.name}", o32, o64, bound)
         if spec.dtype == "bfloat16":
+            o64f, bnd = o64[finite], bound[finite]
             rounded = o32.to(torch.bfloat16).to(torch.float64)[finite]
             entry["max_ratio_bf16"] = _ratio((rounded - o64f).abs(), bnd + U_BF16 * (o64f.abs() + bnd))
         result[spec.name] = entry
@@ -268,7 +277,6 @@ def fp32_stage_errors_vs_bounds(op: str, inputs: Sequence[Any],
     tap against the oracle's, divided by 2 x the local bound. Returns stage -> {max_err,
     max_ratio, max_bound}."""
     defn = load(op)
-    from ..ops import resolve_impl
     ref = resolve_impl(defn, "reference")
     if run_staged is None:
         run_staged = lambda *a, taps, override: ref(*a, taps=taps, override=override, dtype=torch.float32)
@@ -279,12 +287,5 @@ def fp32_stage_errors_vs_bounds(op: str, inputs: Sequence[Any],
     for name in defn.stage_names:
         taps32: dict = {}
         run_staged(*inputs, taps=taps32, override={k: v for k, v in taps64.items() if k != name})
-        t64, t32 = taps64[name], taps32[name].to(torch.float64)
-        finite = torch.isfinite(t64)
-        if not torch.equal(torch.isfinite(t32), finite):
-            raise AssertionError(f"{op}/{name}: float32 and float64 disagree on which elements are finite")
-        err = (t32 - t64).abs()[finite]
-        bnd = SAFETY * local[name][finite]
-        result[name] = {"max_err": float(err.max()) if err.numel() else 0.0, "max_ratio": _ratio(err, bnd),
-                        "max_bound": float(bnd.max()) if bnd.numel() else 0.0}
+        result[name], _ = _error_vs_bound(f"{op}/{name}", taps32[name], taps64[name], SAFETY * local[name])
     return result

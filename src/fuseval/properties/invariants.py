@@ -29,8 +29,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from ..budget.metrics import dtype_precision, unit_roundoff
 from ..check import compare
 from ..definitions import Definition, Tolerance, load
+from ..ops import resolve_impl
 from ..refimpl import nvfp4 as _nvfp4
 from ..refimpl import stages as _st
 
@@ -92,8 +94,13 @@ def ordered_inputs(defn: Definition, values: Mapping[str, Any]) -> list[Any]:
 
 
 def _oracle_for(op: str) -> Callable:
-    from ..ops import resolve_impl
     return resolve_impl(load(op), "reference")
+
+
+def _impl_or_oracle(op: str, impl: Callable | None) -> tuple[Callable, bool]:
+    """(the implementation to run, whether it is the float64 oracle): ``impl``, or the
+    oracle when None (then the properties are checked to float64 round-off)."""
+    return (_oracle_for(op), True) if impl is None else (impl, False)
 
 
 def _same_outputs(what: str, defn: Definition, got: Sequence[torch.Tensor],
@@ -297,8 +304,7 @@ def batch_independence(op: str, inputs: Sequence[Any], impl: Callable | None = N
                        tolerance: Tolerance | None = None) -> dict:
     """Batch items are independent: running item b alone gives the rows b of the batched run."""
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = named_inputs(defn, inputs)
     full = _call(impl, inputs)
     batch = values["hidden_states"].shape[0]
@@ -315,8 +321,7 @@ def future_token_independence(inputs: Sequence[Any], t: int, impl: Callable | No
     output at tokens < t unchanged."""
     op = "qwen2vl_decoder_layer"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = dict(named_inputs(defn, inputs))
     g = torch.Generator().manual_seed(seed)
     x = values["hidden_states"].clone()
@@ -339,8 +344,7 @@ def layer_gqa_equals_mha(inputs: Sequence[Any], impl: Callable | None = None,
     k/v projection rows (and biases) repeated group times (multi-head attention)."""
     op = "qwen2vl_decoder_layer"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = dict(named_inputs(defn, inputs))
     d = values["rope_cos"].shape[-1]
     hq, hkv = values["q_proj_weight"].shape[0] // d, values["k_proj_weight"].shape[0] // d
@@ -360,8 +364,7 @@ def token_permutation_equivariance(inputs: Sequence[Any], perm: torch.Tensor, im
     permutes the outputs along seq_len the same way."""
     op = "nvfp4_qkv_rope"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = dict(named_inputs(defn, inputs))
     p = perm.to(values["hidden_states"].device)
     for name in ("hidden_states", "cos", "sin"):
@@ -390,8 +393,7 @@ def value_states_plain_projection(inputs: Sequence[Any], impl: Callable | None =
     here independently of the reference's stages and codec)."""
     op = "nvfp4_qkv_rope"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     v = named_inputs(defn, inputs)
     d = v["cos"].shape[-1]
     w = _decode_independent(v["v_proj_weight_fp4"], v["v_proj_scale"], v["v_proj_global_decode_scale"])
@@ -418,8 +420,7 @@ def nan_scale_output_pattern(inputs: Sequence[Any], proj: str, row: int, block: 
     into every element of its head). Everything else equals the run without the NaN."""
     op = "nvfp4_qkv_rope"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = dict(named_inputs(defn, inputs))
     d = values["cos"].shape[-1]
     bits = values[f"{proj}_proj_scale"].view(torch.uint8).clone()
@@ -455,8 +456,7 @@ def norm_scale_equivariance(inputs: Sequence[Any], k: int, impl: Callable | None
     value_states by 2^k. Powers of two keep every rounding identical."""
     op = "nvfp4_qkv_rope"
     defn = load(op)
-    oracle = impl is None
-    impl = impl or _oracle_for(op)
+    impl, oracle = _impl_or_oracle(op, impl)
     values = dict(named_inputs(defn, inputs))
     c = 2.0 ** k
     values["hidden_states"] = (values["hidden_states"] * c).to(values["hidden_states"].dtype)
@@ -469,14 +469,6 @@ def norm_scale_equivariance(inputs: Sequence[Any], k: int, impl: Callable | None
     return {"k": k}
 
 
-def _staged_or_reference(op: str, staged: Callable | None) -> Callable:
-    """A stage-tap callable (``staged(*inputs, taps=dict)``): given, or the float64 oracle."""
-    if staged is not None:
-        return staged
-    from ..ops import resolve_impl
-    return resolve_impl(load(op), "reference")
-
-
 def layer_input_norm_scale_invariance(inputs: Sequence[Any], c: float, staged: Callable | None = None,
                                       rtol: float = 1e-11) -> dict:
     """Op A: the input_norm stage output is unchanged by x -> c x together with
@@ -486,7 +478,7 @@ def layer_input_norm_scale_invariance(inputs: Sequence[Any], c: float, staged: C
     if c <= 0 or math.frexp(c)[0] != 0.5:
         raise ValueError(f"c: expected a power of two (c * hidden_states must be exact), got {c}")
     defn = load("qwen2vl_decoder_layer")
-    reference = _staged_or_reference(defn.name, staged)
+    reference = staged or _oracle_for(defn.name)
     values = dict(named_inputs(defn, inputs))
     t0: dict = {}
     reference(*inputs, taps=t0)
@@ -499,8 +491,7 @@ def layer_input_norm_scale_invariance(inputs: Sequence[Any], c: float, staged: C
 
 
 def _unit_roundoff(dtype: torch.dtype) -> float:
-    return {torch.float64: 2.0 ** -53, torch.float32: 2.0 ** -24, torch.bfloat16: 2.0 ** -8,
-            torch.float16: 2.0 ** -11}[dtype]
+    return unit_roundoff(dtype_precision(dtype))
 
 
 def _position_tables(op: str, values: Mapping[str, Any], theta: float = 1e6) -> None:
@@ -523,7 +514,7 @@ def layer_rope_pair_norms(op: str, inputs: Sequence[Any], staged: Callable | Non
     values = dict(named_inputs(defn, inputs))
     _position_tables(op, values)
     taps: dict = {}
-    _staged_or_reference(op, staged)(*ordered_inputs(defn, values), taps=taps)
+    (staged or _oracle_for(op))(*ordered_inputs(defn, values), taps=taps)
     names = ("rope_cos", "rope_sin") if op == "qwen2vl_decoder_layer" else ("cos", "sin")
     c, sn = (values[n].to(torch.float64) for n in names)
     deviation = float(((c * c + sn * sn).sqrt() - 1).abs().max())
@@ -554,7 +545,7 @@ def layer_relative_position(op: str, inputs: Sequence[Any], staged: Callable | N
     values["hidden_states"] = x[:, :1].expand_as(x).contiguous()
     _position_tables(op, values)
     taps: dict = {}
-    _staged_or_reference(op, staged)(*ordered_inputs(defn, values), taps=taps)
+    (staged or _oracle_for(op))(*ordered_inputs(defn, values), taps=taps)
     table = values["rope_cos" if op == "qwen2vl_decoder_layer" else "cos"]
     d = table.shape[-1]
     if op == "qwen2vl_decoder_layer":

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping
 
 import torch
 
 from ..definitions import load
+from ..inputs import TORCH_DTYPES
+from ..ops import resolve_impl
 from ..refimpl import nvfp4 as _nvfp4
 from ..refimpl import stages as _st
 from .strategies import OP_A, OP_B
@@ -60,19 +62,6 @@ def _namespace(module, **replace) -> SimpleNamespace:
     return ns
 
 
-def _reference(op: str) -> Callable:
-    if op == OP_A:
-        from ..refimpl.qwen2vl_decoder_layer import reference
-    else:
-        from ..refimpl.nvfp4_qkv_rope import reference
-    return reference
-
-
-def _cast_outputs(op: str, outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
-    dtype = torch.float32 if op == OP_A else torch.bfloat16
-    return tuple(o.to(dtype).contiguous() for o in outs)
-
-
 def _make(op: str, name: str, stage: str, description: str, *, stages=None, codec=None,
           transform: Callable[[dict], None] | None = None,
           rewrite: Callable[[dict, dict], torch.Tensor] | None = None) -> Mutant:
@@ -82,7 +71,8 @@ def _make(op: str, name: str, stage: str, description: str, *, stages=None, code
     defn = load(op)
     if stage not in defn.stage_names:
         raise ValueError(f"mutant {name}: unknown stage {stage!r} of {op} ({defn.stage_names})")
-    ref = _reference(op)
+    ref = resolve_impl(defn, "reference")
+    out_dtypes = [TORCH_DTYPES[spec.dtype] for spec in defn.outputs]
     kwargs: dict[str, Any] = {"dtype": torch.float32, "validate": False, "stages": stages or _st}
     if op == OP_B:
         kwargs["codec"] = codec or _nvfp4
@@ -99,7 +89,8 @@ def _make(op: str, name: str, stage: str, description: str, *, stages=None, code
             first: dict = {}
             ref(*args, taps=first, override=override, **kwargs)
             override[stage] = rewrite(first, values)
-        return _cast_outputs(op, ref(*args, taps=taps, override=override, **kwargs))
+        outs = ref(*args, taps=taps, override=override, **kwargs)
+        return tuple(o.to(dtype).contiguous() for o, dtype in zip(outs, out_dtypes))
 
     def forward(*inputs):
         return staged(*inputs)

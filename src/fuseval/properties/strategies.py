@@ -139,10 +139,7 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
             consts["intermediate_size"] = draw(st.sampled_from(sp.intermediate_sizes))
     batch = draw(st.integers(*sp.batch))
     seq = draw(st.integers(*sp.seq_len))
-    var = {"batch_size": batch, "seq_len": seq}
-    if op == OP_A:
-        var["kv_seq_len"] = seq           # the definition's constraint kv_seq_len == seq_len
-    return Binding.make(op, consts, var)
+    return Binding.make(op, consts, _var(op, {"batch_size": batch, "seq_len": seq}))
 
 
 # --------------------------------------------------------------------------- recipes
@@ -326,6 +323,8 @@ def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
 
 
 def _var(op: str, v: Mapping[str, int]) -> dict[str, int]:
+    """The var axes of a binding: op A's kv_seq_len follows seq_len (the definition's
+    constraint kv_seq_len == seq_len)."""
     v = dict(v)
     if op == OP_A:
         v["kv_seq_len"] = v["seq_len"]
