@@ -338,6 +338,12 @@ def test_layer_input_norm_scale_invariance_rejects_eps_outside_sqrt():
         inv.layer_input_norm_scale_invariance(ex.tensors(), 4.0, staged=m.staged, rtol=1e-5)
 
 
+def _interleaved_rope_mutant(op):
+    """The operator's reference with RoPE rotating adjacent pairs instead of halves."""
+    return mutants._make(op, "rope_interleaved", "mrope" if op == OP_A else "rope", "test",
+                         stages=_namespace(st, rope=_rope_interleaved))
+
+
 @seeded
 @property_settings()
 @given(ex=hst.one_of(_examples(OP_A), _examples(OP_B)))
@@ -347,8 +353,7 @@ def test_layer_rope_pair_norms(ex):
 
 @pytest.mark.parametrize("op", [OP_A, OP_B])
 def test_layer_rope_pair_norms_rejects_interleaved_rope(op):
-    broken = mutants._make(op, "rope_interleaved", "mrope" if op == OP_A else "rope", "test",
-                           stages=_namespace(st, rope=_rope_interleaved))
+    broken = _interleaved_rope_mutant(op)
     with pytest.raises(inv.InvariantViolation):
         inv.layer_rope_pair_norms(op, S.explicit_examples(op)[0].tensors(), staged=broken.staged)
 
@@ -362,8 +367,7 @@ def test_layer_relative_position(ex):
 
 @pytest.mark.parametrize("op", [OP_A, OP_B])
 def test_layer_relative_position_rejects_interleaved_rope(op):
-    broken = mutants._make(op, "rope_interleaved", "mrope" if op == OP_A else "rope", "test",
-                           stages=_namespace(st, rope=_rope_interleaved))
+    broken = _interleaved_rope_mutant(op)
     with pytest.raises(inv.InvariantViolation):
         inv.layer_relative_position(op, S.explicit_examples(op)[0].tensors(), staged=broken.staged)
 
