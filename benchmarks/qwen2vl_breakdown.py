@@ -145,19 +145,29 @@ def variant_space():
            "p128x256s3": G(128, 256, 32, 8, 3), "t128x256s4": G(128, 256, 32, 8, 4, True),
            "P128x256s3": G(128, 256, 32, 8, 3, True, True), "W128x256s3": G(128, 256, 32, 8, 3, True, True, True),
            "P64x128s4": G(64, 128, 32, 4, 4, True, True), "W64x128s4": G(64, 128, 32, 4, 4, True, True, True),
-           "r128x256s3": G(128, 256, 32, 8, 3, True, round_b=True), "rp128x256s3": G(128, 256, 32, 8, 3, round_b=True),
-           "r64x64s4": G(64, 64, 32, 4, 4, True, round_b=True)}
+           "W128x256s4": G(128, 256, 32, 8, 4, True, True, True),
+           "W128x256k64s2": G(128, 256, 64, 8, 2, True, True, True),
+           # split-K for small M: more programs pulling the weights
+           "t64x64k2": G(64, 64, 32, 4, 4, True, split_k=2), "t64x64k4": G(64, 64, 32, 4, 4, True, split_k=4),
+           "t64x128k4": G(64, 128, 32, 4, 4, True, split_k=4), "t64x64k8": G(64, 64, 32, 4, 4, True, split_k=8)}
     gate_up = {"t64x128s4": G(64, 128, 32, 4, 4, True), "t64x128s5": G(64, 128, 32, 4, 5, True),
                "p64x128s5": G(64, 128, 32, 4, 5), "t64x128s4g16": G(64, 128, 32, 4, 4, True, GROUP_M=16),
                "t128x128s4": G(128, 128, 32, 8, 4, True), "t64x64s4": G(64, 64, 32, 4, 4, True),
                "P64x128s4": G(64, 128, 32, 4, 4, True, True), "W64x128s4": G(64, 128, 32, 4, 4, True, True, True),
                "W128x128s3": G(128, 128, 32, 8, 3, True, True, True),
-               "r64x128s4": G(64, 128, 32, 4, 4, True, round_b=True)}
-    qkv = {"h2m128s4": (2, G(128, 128, 32, 8, 4)), "h1m128s4": (1, G(128, 64, 32, 4, 4)),
-           "h1m64s4": (1, G(64, 64, 32, 4, 4)), "rh2m128s4": (2, G(128, 128, 32, 8, 4, round_b=True)),
-           "rh1m64s4": (1, G(64, 64, 32, 4, 4, round_b=True))}
+               "W128x128s4": G(128, 128, 32, 8, 4, True, True, True),
+               "W128x128k64s2": G(128, 128, 64, 8, 2, True, True, True),
+               "W128x128s3g16": G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16)}
+    # (heads per tile, config): the tile is BM tokens x heads*128 columns (BN is unused)
+    qkv = {"t2m128s3": (2, G(128, 0, 32, 8, 3, True)), "t2m128s4": (2, G(128, 0, 32, 8, 4, True)),
+           "p2m128s3": (2, G(128, 0, 32, 8, 3)), "t1m128s4": (1, G(128, 0, 32, 4, 4, True)),
+           "t1m128w8s4": (1, G(128, 0, 32, 8, 4, True)), "t1m64s4": (1, G(64, 0, 32, 4, 4, True)),
+           "p1m64s4": (1, G(64, 0, 32, 4, 4)), "t2m64s4": (2, G(64, 0, 32, 4, 4, True))}
     attn = {"a128x64w8s2": AttnConfig(128, 64, 8, 2), "a128x32w8s3": AttnConfig(128, 32, 8, 3),
-            "a128x32w8s2": AttnConfig(128, 32, 8, 2)}
+            "a128x32w8s2": AttnConfig(128, 32, 8, 2),
+            "T128x64w8s2": AttnConfig(128, 64, 8, 2, True), "T128x32w8s3": AttnConfig(128, 32, 8, 3, True),
+            "T128x32w8s4": AttnConfig(128, 32, 8, 4, True), "T64x64w4s3": AttnConfig(64, 64, 4, 3, True),
+            "T64x32w4s4": AttnConfig(64, 32, 4, 4, True)}
     return {"o_proj": res, "down": res, "gate_up": gate_up, "qkv": qkv, "attention": attn}
 
 
@@ -337,6 +347,31 @@ def explore(W, results, failed=()):
             print(f"explore {kind:9s} {size!s:>8}: " + " ".join(f"{k}={v:.3f}" for k, v in d.items())
                   + f"  -> {best}", flush=True)
     return table
+
+
+def write_table(table, path):
+    """The fastest variant of each kernel at each measured size, in the JSON form that
+    FUSEVAL_QWEN2VL_TABLE (fuseval.fast.qwen2vl_decoder_layer) reads."""
+    import dataclasses
+    space = variant_space()
+    out = {}
+    for kind, rows in table.items():
+        for size, d in rows.items():
+            ok = {k: v for k, v in d.items() if v == v}
+            if not ok:
+                continue
+            name = min(ok, key=ok.get)
+            cfg = space[kind][name]
+            key = str(size).split("x")[-1]               # attention: "BxS" -> S
+            entry = dict(name=name, ms=ok[name])
+            if kind == "qkv":
+                entry.update(heads_per_tile=cfg[0], config=dataclasses.asdict(cfg[1]))
+            else:
+                entry.update(config=dataclasses.asdict(cfg))
+            out.setdefault(kind, {})[key] = entry
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print(f"tile table -> {path}", flush=True)
 
 
 def auto_tuning(table, B, S):
@@ -542,6 +577,7 @@ def main():
             results["explore"] = table
             results["explore_compile_errors"] = ex.get("explore_compile_errors")
             tunings = {idx: auto_tuning(table, B, S) for idx, B, S in cases}
+            write_table(table, os.path.join(OUT, "gpu_table.json"))
             results["auto_tuning"] = {idx: repr(t) for idx, t in tunings.items()}
             save()
 

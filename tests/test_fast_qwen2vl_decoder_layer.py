@@ -51,21 +51,54 @@ def test_fast_passes_realistic_inputs():
     assert result.passed, result.messages
 
 
-@pytest.mark.parametrize("tuning", [
-    dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True),
-         gate_up=fast.GemmConfig(32, 32, 16, 4, 1, use_tma=True),
-         down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True)),
-    dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True, persistent=True),
-         gate_up=fast.GemmConfig(32, 16, 32, 4, 1, use_tma=True, persistent=True, warp_specialize=True),
-         down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True, persistent=True, round_b=True),
-         qkv=fast.GemmConfig(16, 32, 16, 4, 1, round_b=True), qkv_heads_per_tile=1,
-         attention=fast.AttnConfig(16, 16, 4, 1)),
-], ids=["tma", "persistent+round_b"])
-def test_gpu_tile_variants_pass_under_the_interpreter(tuning):
-    """The TMA, persistent and in-kernel-rounding code paths the GPU table uses."""
-    defn, case = _case("gqa7", 9)
+@pytest.mark.parametrize("config,tuning", [
+    ("gqa7", dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True),
+                  gate_up=fast.GemmConfig(32, 32, 16, 4, 1, use_tma=True),
+                  down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True))),
+    ("gqa7", dict(o_proj=fast.GemmConfig(32, 32, 32, 4, 1, use_tma=True, persistent=True),
+                  gate_up=fast.GemmConfig(32, 16, 32, 4, 1, use_tma=True, persistent=True, warp_specialize=True),
+                  down=fast.GemmConfig(16, 32, 32, 4, 1, use_tma=True, persistent=True, round_b=True),
+                  qkv=fast.GemmConfig(16, 32, 16, 4, 1, round_b=True), qkv_heads_per_tile=1,
+                  attention=fast.AttnConfig(16, 16, 4, 1))),
+    # 'small' has 4 query heads on 2 kv heads, so a QKV tile can hold two whole heads
+    ("small", dict(qkv=fast.GemmConfig(16, 0, 16, 4, 1, use_tma=True), qkv_heads_per_tile=2,
+                   o_proj=fast.GemmConfig(16, 32, 16, 4, 1, split_k=3),
+                   down=fast.GemmConfig(32, 16, 32, 4, 1, use_tma=True, split_k=2),
+                   attention=fast.AttnConfig(16, 16, 4, 1, use_tma=True))),
+], ids=["tma", "persistent+round_b", "tma_qkv_2heads+split_k+tma_attention"])
+def test_gpu_tile_variants_pass_under_the_interpreter(config, tuning):
+    """The TMA, persistent, split-K and in-kernel-rounding code paths the GPU table uses."""
+    defn, case = _case(config, 9)
+    assert fast.plan_for(fast._shape_of(_inputs(defn, case, seed=0)), CPU,
+                         tuning=tuning).qkv_heads_per_tile == tuning.get("qkv_heads_per_tile", 2 if config == "small" else 1)
     result = run_case(defn, fast.variant(tuning=tuning), case, seed=5, device=CPU, hygiene=False)
     assert result.passed, result.messages
+
+
+@pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
+def test_attention_never_reads_the_padding_of_vt(use_tma):
+    """V^T rows are padded to S_pad keys and nobody writes the padding: NaN there must not
+    reach the output (pointer loads mask it; the TMA descriptor stops at S)."""
+    defn, case = _case("gqa7", 9)                        # S = 24 keys, padded to 32
+    sh = fast._shape_of(_inputs(defn, case, seed=0))
+    assert sh.S_pad > sh.S
+    gen = torch.Generator().manual_seed(21)
+    qk = torch.randn(sh.M, sh.QD + sh.KD, generator=gen)
+    v = torch.randn(sh.B, sh.Hkv, sh.D, sh.S, generator=gen)
+    vt = torch.full((sh.B, sh.Hkv, sh.D, sh.S_pad), float("nan"))
+    vt[..., :sh.S] = v
+    plan = fast.plan_for(sh, CPU, "ieee", tuning={"attention": fast.AttnConfig(16, 16, 4, 1, use_tma=use_tma)})
+    out = torch.full((sh.M, sh.QD), float("nan"))
+    fast.launch_attention(qk, vt, out, sh, plan)
+    # causal GQA attention in float64: query head i reads kv head i // G
+    q = qk[:, :sh.QD].double().view(sh.B, sh.S, sh.Hq, sh.D).transpose(1, 2)
+    k = qk[:, sh.QD:].double().view(sh.B, sh.S, sh.Hkv, sh.D).transpose(1, 2).repeat_interleave(sh.G, 1)
+    vv = v.double().transpose(2, 3).repeat_interleave(sh.G, 1)
+    scores = q @ k.transpose(2, 3) / math.sqrt(sh.D)
+    scores = scores.masked_fill(torch.ones(sh.S, sh.S, dtype=torch.bool).triu(1), float("-inf"))
+    want = (scores.softmax(-1) @ vv).transpose(1, 2).reshape(sh.M, sh.QD)
+    assert torch.isfinite(out).all()
+    assert float((out.double() - want).abs().max()) < 1e-5
 
 
 def test_precision_policies():

@@ -72,25 +72,26 @@ def _tile_coords(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.cons
 
 
 @triton.jit
-def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, stride_b, K,
+def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, stride_b, k_lo, k_hi,
                   acc1, acc2, BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr,
                   TWO: tl.constexpr, ROUND_B: tl.constexpr):
-    """acc1 += A[a_rows] B1[b1_rows]^T (and acc2 += A B2^T when TWO), K-loop in BK steps.
+    """acc1 += A[a_rows] B1[b1_rows]^T (and acc2 += A B2^T when TWO) over K columns
+    [k_lo, k_hi) in BK steps (k_lo is a multiple of BK; a split-K slice or all of K).
 
     Row indices come in already clamped into range (out-of-range rows of a ragged tile
     read a valid row; their results are never stored), so only K needs a mask, and only
-    when BK does not divide K. Sharing one A tile between two products is how the gate
-    and up projections (and the two RoPE halves of a head) run in one pass over A."""
-    offs_k = tl.arange(0, BK)
+    when BK does not divide the slice (EVEN_K False). Sharing one A tile between two
+    products is how the gate and up projections run in one pass over A."""
+    offs_k = k_lo + tl.arange(0, BK)
     a_ptrs = a_ptr + a_rows[:, None] * stride_a + offs_k[None, :]
     b1_ptrs = b1_ptr + b1_rows[:, None] * stride_b + offs_k[None, :]
     b2_ptrs = b2_ptr + b2_rows[:, None] * stride_b + offs_k[None, :]
-    for kb in range(0, tl.cdiv(K, BK)):
+    for k in range(k_lo, k_hi, BK):
         if EVEN_K:
             a = tl.load(a_ptrs)
             b1 = tl.load(b1_ptrs)
         else:
-            kmask = offs_k[None, :] < K - kb * BK
+            kmask = offs_k[None, :] < k_hi - (k - k_lo)
             a = tl.load(a_ptrs, mask=kmask, other=0.0)
             b1 = tl.load(b1_ptrs, mask=kmask, other=0.0)
         if ROUND_B:
@@ -100,7 +101,7 @@ def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, str
             if EVEN_K:
                 b2 = tl.load(b2_ptrs)
             else:
-                b2 = tl.load(b2_ptrs, mask=offs_k[None, :] < K - kb * BK, other=0.0)
+                b2 = tl.load(b2_ptrs, mask=offs_k[None, :] < k_hi - (k - k_lo), other=0.0)
             if ROUND_B:
                 b2 = _round_tf32(b2)
             acc2 = tl.dot(a, tl.trans(b2), acc2, input_precision=PREC)
@@ -111,47 +112,85 @@ def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, str
 
 
 @triton.jit
-def _mainloop_tma(a_desc, off_m, b1_desc, off_n1, b2_desc, off_n2, K, acc1, acc2,
+def _mainloop_tma(a_desc, off_m, b1_desc, off_n1, b2_desc, off_n2, k_lo, k_hi, acc1, acc2,
                   BK: tl.constexpr, PREC: tl.constexpr, TWO: tl.constexpr, ROUND_B: tl.constexpr):
     """The same products with tiles fetched by the tensor-memory-accelerator (host-made
     descriptors); out-of-range rows and K columns arrive as zeros."""
-    for kb in range(0, tl.cdiv(K, BK)):
-        a = a_desc.load([off_m, kb * BK])
-        b1 = b1_desc.load([off_n1, kb * BK])
+    for k in range(k_lo, k_hi, BK):
+        a = a_desc.load([off_m, k])
+        b1 = b1_desc.load([off_n1, k])
         if ROUND_B:
             b1 = _round_tf32(b1)
         acc1 = tl.dot(a, b1.T, acc1, input_precision=PREC)
         if TWO:
-            b2 = b2_desc.load([off_n2, kb * BK])
+            b2 = b2_desc.load([off_n2, k])
             if ROUND_B:
                 b2 = _round_tf32(b2)
             acc2 = tl.dot(a, b2.T, acc2, input_precision=PREC)
     return acc1, acc2
 
 
+@triton.jit
+def _mainloop(a, off_m, a_rows, stride_a, b, off_n, b_rows, stride_b, k_lo, k_hi, acc,
+              BK: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
+              ROUND_B: tl.constexpr):
+    """acc += A B^T over K columns [k_lo, k_hi): ``a``/``b`` are TMA descriptors when
+    USE_TMA (then the tile offsets are used), pointers otherwise (then the row indices)."""
+    if USE_TMA:
+        acc, _unused = _mainloop_tma(a, off_m, b, off_n, b, off_n, k_lo, k_hi, acc, acc, BK, PREC,
+                                     False, ROUND_B)
+    else:
+        acc, _unused = _mainloop_ptr(a, a_rows, stride_a, b, b_rows, b, b_rows, stride_b, k_lo, k_hi,
+                                     acc, acc, BK, EVEN_K, PREC, False, ROUND_B)
+    return acc
+
+
 # --------------------------------------------------------------------------- residual GEMM
 @triton.jit(do_not_specialize=["M"])
 def gemm_residual_kernel(a, w, res_ptr, out_ptr, M, N, K, stride_a, stride_w, stride_res, stride_out,
+                         k_per_split,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                          EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
                          ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
     """out = res + A W^T (O projection: res = x; down projection: res = x1).
-    ``a``/``w`` are pointers, or TMA descriptors when USE_TMA."""
+    ``a``/``w`` are pointers, or TMA descriptors when USE_TMA.
+
+    Split-K (program axis 1 > 1): program k sums K columns [k * k_per_split, ...) and
+    writes its partial product to slice k of ``out`` ([splits, M, N]); splitk_reduce_kernel
+    adds the slices and the residual. It gives small-M calls (128 tokens: 112 tiles of
+    64 x 64 for 132 SMs, each a 18944-long K loop) enough programs to pull the weights
+    at full bandwidth."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
     off_m = pid_m * BM
     off_n = pid_n * BN
     rows = off_m + tl.arange(0, BM)
     cols = off_n + tl.arange(0, BN)
     acc = tl.zeros([BM, BN], dtype=tl.float32)
-    if USE_TMA:
-        acc, _unused = _mainloop_tma(a, off_m, w, off_n, w, off_n, K, acc, acc, BK, PREC, False, ROUND_B)
-    else:
-        acc, _unused = _mainloop_ptr(a, rows % M, stride_a, w, cols % N, w, cols % N, stride_w, K,
-                                     acc, acc, BK, EVEN_K, PREC, False, ROUND_B)
+    acc = _mainloop(a, off_m, rows % M, stride_a, w, off_n, cols % N, stride_w, k_lo, k_hi, acc,
+                    BK, EVEN_K, PREC, USE_TMA, ROUND_B)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     if ADD_RESIDUAL:
         acc += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
+    out_ptr += pid_k.to(tl.int64) * M * N
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc, mask=mask)
+
+
+@triton.jit(do_not_specialize=["M"])
+def splitk_reduce_kernel(part_ptr, res_ptr, out_ptr, M, N, SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                         ADD_RESIDUAL: tl.constexpr):
+    """out = res + sum of the SPLITS partial products ([SPLITS, M, N], contiguous), added in
+    a fixed order so that the result does not depend on scheduling."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < M * N
+    acc = tl.load(part_ptr + offs, mask=mask, other=0.0)
+    for k in tl.static_range(1, SPLITS):
+        acc += tl.load(part_ptr + k * M * N + offs, mask=mask, other=0.0)
+    if ADD_RESIDUAL:
+        acc += tl.load(res_ptr + offs, mask=mask, other=0.0)
+    tl.store(out_ptr + offs, acc, mask=mask)
 
 
 # --------------------------------------------------------------------------- gate + up GEMM
@@ -171,9 +210,10 @@ def gate_up_kernel(a, wg, wu, out_ptr, M, N, K, stride_a, stride_w, stride_out,
     acc_g = tl.zeros([BM, BN], dtype=tl.float32)
     acc_u = tl.zeros([BM, BN], dtype=tl.float32)
     if USE_TMA:
-        acc_g, acc_u = _mainloop_tma(a, off_m, wg, off_n, wu, off_n, K, acc_g, acc_u, BK, PREC, True, ROUND_B)
+        acc_g, acc_u = _mainloop_tma(a, off_m, wg, off_n, wu, off_n, 0, K, acc_g, acc_u, BK, PREC, True,
+                                     ROUND_B)
     else:
-        acc_g, acc_u = _mainloop_ptr(a, rows % M, stride_a, wg, cols % N, wu, cols % N, stride_w, K,
+        acc_g, acc_u = _mainloop_ptr(a, rows % M, stride_a, wg, cols % N, wu, cols % N, stride_w, 0, K,
                                      acc_g, acc_u, BK, EVEN_K, PREC, True, ROUND_B)
     _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_ACT, ROUND_OUT, MUT_SILU_ON_UP)
 
@@ -216,17 +256,8 @@ def gemm_persistent_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, M, N, K, 
         off_n = pid_n * BN
         acc1 = tl.zeros([BM, BN], dtype=tl.float32)
         acc2 = tl.zeros([BM, BN], dtype=tl.float32)
-        for kb in range(0, tl.cdiv(K, BK)):
-            a = a_desc.load([off_m, kb * BK])
-            b1 = b1_desc.load([off_n, kb * BK])
-            if ROUND_B:
-                b1 = _round_tf32(b1)
-            acc1 = tl.dot(a, b1.T, acc1, input_precision=PREC)
-            if GATE_UP:
-                b2 = b2_desc.load([off_n, kb * BK])
-                if ROUND_B:
-                    b2 = _round_tf32(b2)
-                acc2 = tl.dot(a, b2.T, acc2, input_precision=PREC)
+        acc1, acc2 = _mainloop_tma(a_desc, off_m, b1_desc, off_n, b2_desc, off_n, 0, K, acc1, acc2, BK,
+                                   PREC, GATE_UP, ROUND_B)
         rows = off_m + tl.arange(0, BM)
         cols = off_n + tl.arange(0, BN)
         if GATE_UP:
@@ -271,18 +302,20 @@ def _mrope_axis(j, D: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
 
 
 @triton.jit(do_not_specialize=["M", "S"])
-def qkv_rope_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
+def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
                     qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis,
                     vt_stride_b, vt_stride_h, vt_stride_d,
                     QD: tl.constexpr, KD: tl.constexpr, D: tl.constexpr, HPT: tl.constexpr,
-                    BNH: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
-                    EVEN_K: tl.constexpr, PREC: tl.constexpr, ROUND_B: tl.constexpr, FUSED: tl.constexpr,
-                    ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
-    """[q | k | v] = h [Wq | Wk | Wv]^T + b for one tile of ``HPT`` whole heads.
+                    BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                    EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr, ROUND_B: tl.constexpr,
+                    FUSED: tl.constexpr, ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """[q | k | v] = h [Wq | Wk | Wv]^T + b for one tile of BM tokens x ``HPT`` whole heads.
 
-    RoPE pairs index d with d +- D/2 inside a head; instead of shuffling accumulator
-    columns, the tile computes two accumulators: ``lo`` over the weight rows of the first
-    halves of its heads and ``hi`` over the second halves. Then
+    The main loop is a plain GEMM tile (BN = HPT * D columns of one of the three weights,
+    TMA descriptors when USE_TMA, pointers otherwise): tiles never straddle q/k/v, so the
+    weight is picked once per program. RoPE pairs column d with d + D/2 of the same head;
+    the epilogue views the accumulator as [BM, HPT, 2, D/2] and splits off the two halves
+    (one register shuffle per tile, after the K loop), so that
     q' = [lo*cos_lo - hi*sin_lo | hi*cos_hi + lo*sin_hi] is element-wise.
 
     FUSED: write RoPE'd q and k into ``qk_ptr`` ([M, QD+KD], the ``mrope`` layout) and v
@@ -291,69 +324,65 @@ def qkv_rope_kernel(x_ptr, wq_ptr, wk_ptr, wv_ptr, bq_ptr, bk_ptr, bv_ptr, cos_p
     ``qkv_proj`` tap) into ``qk_ptr``. ROUND_OUT (FUSED only): store q', k', v rounded to
     TF32, since they only feed the attention's TF32 products."""
     HALF: tl.constexpr = D // 2
+    BN: tl.constexpr = HPT * D
     N: tl.constexpr = QD + 2 * KD
-    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, HPT * D, GROUP_M)
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
     off_m = pid_m * BM
-    n0 = pid_n * HPT * D                     # first column of the tile in [q | k | v]
+    n0 = pid_n * BN                          # first column of the tile in [q | k | v]
+    rows = off_m + tl.arange(0, BM)
+    c = tl.arange(0, BN)
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    # pick the weight of the tile's third (q, k or v) once; one main loop for all three
     if n0 < QD:
-        w_ptr = wq_ptr
+        w = wq
         b_ptr = bq_ptr
         nloc = n0
     elif n0 < QD + KD:
-        w_ptr = wk_ptr
+        w = wk
         b_ptr = bk_ptr
         nloc = n0 - QD
     else:
-        w_ptr = wv_ptr
+        w = wv
         b_ptr = bv_ptr
         nloc = n0 - QD - KD
+    acc = _mainloop(x, off_m, rows % M, stride_x, w, nloc, nloc + c, stride_x, 0, K, acc,
+                    BK, EVEN_K, PREC, USE_TMA, ROUND_B)
+    acc += tl.load(b_ptr + nloc + c)[None, :]
 
-    i = tl.arange(0, BNH)
-    col_ok = i < HPT * HALF                  # BNH may be padded up to a power of two
-    head = tl.where(col_ok, i // HALF, 0)    # head within the tile
-    j = i % HALF                             # index within the first half of the head
-    w_rows_lo = nloc + head * D + j
-    w_rows_hi = w_rows_lo + HALF
-    rows = off_m + tl.arange(0, BM)
-    acc_lo = tl.zeros([BM, BNH], dtype=tl.float32)
-    acc_hi = tl.zeros([BM, BNH], dtype=tl.float32)
-    acc_lo, acc_hi = _mainloop_ptr(x_ptr, rows % M, stride_x, w_ptr, w_rows_lo, w_ptr, w_rows_hi,
-                                   stride_x, K, acc_lo, acc_hi, BK, EVEN_K, PREC, True, ROUND_B)
-    acc_lo += tl.load(b_ptr + w_rows_lo)[None, :]
-    acc_hi += tl.load(b_ptr + w_rows_hi)[None, :]
-
-    mask = (rows[:, None] < M) & col_ok[None, :]
-    out_cols = n0 + head * D + j             # column of the lo half in [q | k | v]
+    row_ok = rows[:, None] < M
     if not FUSED:
-        ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
-        tl.store(ptrs, acc_lo, mask=mask)
-        tl.store(ptrs + HALF, acc_hi, mask=mask)
+        tl.store(qk_ptr + rows[:, None] * stride_qk + (n0 + c)[None, :], acc, mask=row_ok)
     elif n0 < QD + KD:
+        halves = tl.permute(tl.reshape(acc, [BM, HPT, 2, HALF]), (0, 1, 3, 2))
+        lo, hi = tl.split(halves)            # [BM, HPT, HALF] each
+        lo = tl.reshape(lo, [BM, HPT * HALF])
+        hi = tl.reshape(hi, [BM, HPT * HALF])
+        i = tl.arange(0, HPT * HALF)
+        j = i % HALF                         # index within the first half of the head
+        out_cols = n0 + (i // HALF) * D + j  # column of the lo half in [q' | k']
         axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
         c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
-        cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
-        cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
-        sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
-        sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
-        rot_lo = acc_lo * cos_lo - acc_hi * sin_lo
-        rot_hi = acc_hi * cos_hi + acc_lo * sin_hi
+        cos_lo = tl.load(cos_ptr + c_off, mask=row_ok, other=0.0)
+        cos_hi = tl.load(cos_ptr + c_off + HALF, mask=row_ok, other=0.0)
+        sin_lo = tl.load(sin_ptr + c_off, mask=row_ok, other=0.0)
+        sin_hi = tl.load(sin_ptr + c_off + HALF, mask=row_ok, other=0.0)
+        rot_lo = lo * cos_lo - hi * sin_lo
+        rot_hi = hi * cos_hi + lo * sin_hi
         if ROUND_OUT:
             rot_lo = _round_tf32(rot_lo)
             rot_hi = _round_tf32(rot_hi)
-        ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
-        tl.store(ptrs, rot_lo, mask=mask)
-        tl.store(ptrs + HALF, rot_hi, mask=mask)
+        qk_ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
+        tl.store(qk_ptrs, rot_lo, mask=row_ok)
+        tl.store(qk_ptrs + HALF, rot_hi, mask=row_ok)
     else:
         if ROUND_OUT:
-            acc_lo = _round_tf32(acc_lo)
-            acc_hi = _round_tf32(acc_hi)
+            acc = _round_tf32(acc)
         b = rows // S
         s = rows % S
-        kv_head = nloc // D + head
-        ptrs = vt_ptr + b[:, None] * vt_stride_b + kv_head[None, :] * vt_stride_h \
-            + j[None, :] * vt_stride_d + s[:, None]
-        tl.store(ptrs, acc_lo, mask=mask)
-        tl.store(ptrs + HALF * vt_stride_d, acc_hi, mask=mask)
+        kv_head = nloc // D + c // D
+        vt_ptrs = vt_ptr + b[:, None] * vt_stride_b + kv_head[None, :] * vt_stride_h \
+            + (c % D)[None, :] * vt_stride_d + s[:, None]
+        tl.store(vt_ptrs, acc, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -386,12 +415,53 @@ def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, 
 
 
 # --------------------------------------------------------------------------- attention
+@triton.jit
+def _attention_tile(q, k_src, vt_src, k_row0, k_col, vt_row0, n, keys0, d, stride_qk, vt_stride_d, S,
+                    tok_c, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MUT_NONCAUSAL: tl.constexpr,
+                    PREC: tl.constexpr, ROUND_P: tl.constexpr, USE_TMA: tl.constexpr):
+    """One key tile of the online softmax: s = q k^T, rescale the running max / sum /
+    output, acc += p v. MASKED: the tile holds keys past some row's token (the causal
+    diagonal) or past S; those scores become -inf.
+
+    With USE_TMA, ``k_src``/``vt_src`` are descriptors over [q'|k'] and over V^T seen as
+    [B*Hkv*D, S] (row stride S_pad): keys past S arrive as zeros from the copy engine
+    (never the unwritten padding of V^T), and keys of the next sequence in the batch are
+    masked like any key >= S."""
+    keys = n + keys0
+    key_ok = keys < S
+    if USE_TMA:
+        k = k_src.load([k_row0 + n, k_col])
+        vt = vt_src.load([vt_row0, n])
+    elif MASKED:
+        k = tl.load(k_src + keys[:, None] * stride_qk + d[None, :], mask=key_ok[:, None], other=0.0)
+        vt = tl.load(vt_src + d[:, None] * vt_stride_d + keys[None, :], mask=key_ok[None, :], other=0.0)
+    else:
+        k = tl.load(k_src + keys[:, None] * stride_qk + d[None, :])
+        vt = tl.load(vt_src + d[:, None] * vt_stride_d + keys[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    if MASKED:
+        if MUT_NONCAUSAL:
+            visible = key_ok[None, :] & (tok_c[:, None] >= 0)
+        else:
+            visible = key_ok[None, :] & (keys[None, :] <= tok_c[:, None])
+        s = tl.where(visible, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if ROUND_P:
+        p = _round_tf32(p)
+    acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
+    return m_new, l_i, acc
+
+
 @triton.jit(do_not_specialize=["S"])
-def attention_kernel(qk_ptr, vt_ptr, o_ptr, S, stride_qk, stride_o, vt_stride_b, vt_stride_h,
+def attention_kernel(qk_ptr, k_src, vt_src, o_ptr, S, stride_qk, stride_o, vt_stride_b, vt_stride_h,
                      vt_stride_d, qk_scale,
                      QD: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                      BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, ROUND_P: tl.constexpr,
-                     ROUND_OUT: tl.constexpr, MUT_NONCAUSAL: tl.constexpr, MUT_KV_MOD: tl.constexpr):
+                     ROUND_OUT: tl.constexpr, USE_TMA: tl.constexpr, MUT_NONCAUSAL: tl.constexpr,
+                     MUT_KV_MOD: tl.constexpr):
     """Causal GQA flash attention for one (batch, kv head) and BM query rows.
 
     The rows of a tile are (token, head) pairs of the kv head's G query heads, token-major
@@ -399,7 +469,8 @@ def attention_kernel(qk_ptr, vt_ptr, o_ptr, S, stride_qk, stride_o, vt_stride_b,
     tile's rows span only BM / G tokens, so the causally masked fringe is small. Online
     softmax in fp32 with exp2 (``qk_scale`` = log2(e) / sqrt(D)); key tiles entirely
     below the tile's first token run unmasked, tiles beyond its last token are skipped.
-    q and k are read from [q' | k'] ([M, QD+KD]), v from its transpose [B, Hkv, D, S_pad].
+    q and k are read from [q' | k'] ([M, QD+KD]), v from its transpose [B, Hkv, D, S_pad]
+    (``k_src``/``vt_src``: pointers to them, or TMA descriptors when USE_TMA).
     ROUND_P: round P to TF32 before the PV product; ROUND_OUT: store the output rounded
     (it only feeds the O projection's TF32 product)."""
     pid_r = tl.num_programs(0) - 1 - tl.program_id(0)    # longest (latest) tiles first
@@ -418,8 +489,15 @@ def attention_kernel(qk_ptr, vt_ptr, o_ptr, S, stride_qk, stride_o, vt_stride_b,
     d = tl.arange(0, D)
     q_rows = b * S + tok_c
     q = tl.load(qk_ptr + q_rows[:, None] * stride_qk + qhead[:, None] * D + d[None, :])
-    k_base = qk_ptr + QD + kvh * D + (b * S) * stride_qk
-    vt_base = vt_ptr + b * vt_stride_b + kvh * vt_stride_h
+    if USE_TMA:
+        k_base = k_src
+        vt_base = vt_src
+    else:
+        k_base = k_src + QD + kvh * D + (b * S) * stride_qk
+        vt_base = vt_src + b * vt_stride_b + kvh * vt_stride_h
+    k_row0 = b * S                                       # TMA coordinates of this (b, kv head)
+    k_col = QD + kvh * D
+    vt_row0 = bh * D
 
     t_first = (pid_r * BM) // G
     t_last = tl.minimum((pid_r * BM + BM - 1) // G, S - 1)
@@ -435,37 +513,13 @@ def attention_kernel(qk_ptr, vt_ptr, o_ptr, S, stride_qk, stride_o, vt_stride_b,
     acc = tl.zeros([BM, D], dtype=tl.float32)
     keys0 = tl.arange(0, BN)
     for n in range(0, n_full, BN):
-        keys = n + keys0
-        k = tl.load(k_base + keys[:, None] * stride_qk + d[None, :])
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(vt_base + d[:, None] * vt_stride_d + keys[None, :])
-        if ROUND_P:
-            p = _round_tf32(p)
-        acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _attention_tile(q, k_base, vt_base, k_row0, k_col, vt_row0, n, keys0, d, stride_qk,
+                                        vt_stride_d, S, tok_c, m_i, l_i, acc, qk_scale, False, MUT_NONCAUSAL,
+                                        PREC, ROUND_P, USE_TMA)
     for n in range(n_full, n_end, BN):
-        keys = n + keys0
-        key_ok = keys < S
-        k = tl.load(k_base + keys[:, None] * stride_qk + d[None, :], mask=key_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-        if MUT_NONCAUSAL:
-            visible = key_ok[None, :] & (tok_c[:, None] >= 0)
-        else:
-            visible = key_ok[None, :] & (keys[None, :] <= tok_c[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(vt_base + d[:, None] * vt_stride_d + keys[None, :], mask=key_ok[None, :], other=0.0)
-        if ROUND_P:
-            p = _round_tf32(p)
-        acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _attention_tile(q, k_base, vt_base, k_row0, k_col, vt_row0, n, keys0, d, stride_qk,
+                                        vt_stride_d, S, tok_c, m_i, l_i, acc, qk_scale, True, MUT_NONCAUSAL,
+                                        PREC, ROUND_P, USE_TMA)
     acc = acc / l_i[:, None]
     if ROUND_OUT:
         acc = _round_tf32(acc)

@@ -189,7 +189,7 @@ def _interpreting() -> bool:
 @dataclass(frozen=True)
 class GemmConfig:
     BM: int
-    BN: int          # per accumulator (gate_up: each of g and u; qkv: heads per tile * head_dim / 2)
+    BN: int          # per accumulator (gate_up: each of g and u; qkv: unused, heads per tile * head_dim)
     BK: int
     num_warps: int
     num_stages: int
@@ -198,6 +198,7 @@ class GemmConfig:
     warp_specialize: bool = False  # persistent only: Triton's producer/consumer warp split
     round_b: bool = False          # round the weight tiles to TF32 in the kernel (see _round_tf32)
     GROUP_M: int = 8
+    split_k: int = 1               # residual GEMMs: K slices summed by a second kernel (small M)
 
 
 @dataclass(frozen=True)
@@ -206,6 +207,7 @@ class AttnConfig:
     BN: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False          # K and V tiles fetched by TMA descriptors
 
 
 @dataclass(frozen=True)
@@ -234,23 +236,57 @@ class Plan:
 
 
 G = GemmConfig
-# Measured on one H200 (benchmarks/qwen2vl_breakdown.py, explore phase, second run; see
-# benchmarks/notes_qwen2vl_decoder_layer.md): the fastest tile of each kernel at M = 128,
-# 512, 2048 and 8192 tokens; a call takes the nearest size (log scale). Small M needs small
-# tiles to occupy the 132 SMs; large M wants big tiles, and for the two MLP GEMMs a
-# persistent TMA kernel with Triton's warp specialization (producer/consumer warps).
+# Measured on one H200 (benchmarks/qwen2vl_breakdown.py --phases explore, which writes this
+# table as gpu_table.json; see benchmarks/notes_qwen2vl_decoder_layer.md): the fastest
+# tile of each kernel at M = 128, 512, 2048 and 8192 tokens; a call takes the nearest size
+# (log scale). Small M needs small tiles to occupy the 132 SMs (and split-K for the
+# 18944-long K of the down projection at 128 tokens); large M wants 128 x 256 tiles with
+# TMA, persistent and warp-specialized (producer/consumer warps) for the two MLP GEMMs.
+# QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
 GPU_TABLE: dict[str, dict[int, Any]] = {
-    "qkv": {128: (1, G(64, 64, 32, 4, 4)), 512: (1, G(64, 64, 32, 4, 4)),
-            2048: (2, G(128, 128, 32, 8, 4)), 8192: (2, G(128, 128, 32, 8, 4))},
+    "qkv": {128: (1, G(64, 0, 32, 4, 4, True)), 512: (2, G(128, 0, 32, 8, 4, True)),
+            2048: (2, G(128, 0, 32, 8, 4, True)), 8192: (2, G(128, 0, 32, 8, 3, True))},
     "o_proj": {128: G(64, 128, 32, 4, 4), 512: G(64, 128, 32, 4, 4),
-               2048: G(128, 256, 32, 8, 4, True), 8192: G(128, 256, 32, 8, 4, True)},
-    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(64, 128, 32, 4, 4, True),
-                2048: G(128, 128, 32, 8, 3, True, True, True), 8192: G(128, 128, 32, 8, 3, True, True, True)},
-    "down": {128: G(64, 64, 32, 4, 4, True), 512: G(64, 128, 32, 4, 4, True),
-             2048: G(128, 256, 32, 8, 3, True, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
+               2048: G(128, 256, 32, 8, 4, True), 8192: G(128, 256, 32, 8, 3)},
+    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(64, 128, 32, 4, 5, True),
+                2048: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16),
+                8192: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16)},
+    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(64, 128, 32, 4, 4, True),
+             2048: G(128, 256, 32, 8, 3, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
 }
-GPU_ATTENTION = {128: AttnConfig(128, 32, 8, 3), 373: AttnConfig(128, 32, 8, 3),      # by seq_len
-                 1571: AttnConfig(128, 32, 8, 3), 8192: AttnConfig(128, 64, 8, 2)}
+GPU_ATTENTION = {128: AttnConfig(128, 32, 8, 3, True), 373: AttnConfig(128, 32, 8, 3, True),  # by seq_len
+                 1571: AttnConfig(64, 64, 4, 3, True), 8192: AttnConfig(128, 64, 8, 2, True)}
+TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/qwen2vl_breakdown.py writes one)
+
+
+@functools.lru_cache(maxsize=4)
+def _table_from_file(path: str) -> tuple[dict, dict]:
+    """(GPU_TABLE, GPU_ATTENTION) from a JSON file {kind: {size: {"config": {...},
+    "heads_per_tile": n}}}: sizes are token counts, for "attention" sequence lengths."""
+    import json
+    with open(path) as f:
+        raw = json.load(f)
+    table: dict[str, dict[int, Any]] = {}
+    for kind, rows in raw.items():
+        if kind == "attention":
+            continue
+        table[kind] = {}
+        for size, entry in rows.items():
+            cfg = GemmConfig(**entry["config"])
+            table[kind][int(size)] = (entry["heads_per_tile"], cfg) if kind == "qkv" else cfg
+    attention = {int(size): AttnConfig(**entry["config"]) for size, entry in raw.get("attention", {}).items()}
+    missing = {"qkv", "o_proj", "gate_up", "down"} - set(table)
+    if missing or not attention:
+        raise ValueError(f"{NAME} (fast): {TABLE_ENV}={path} lacks {sorted(missing) or ['attention']}")
+    return table, attention
+
+
+def _gpu_tables() -> tuple[dict, dict]:
+    import os
+    path = os.environ.get(TABLE_ENV)
+    return _table_from_file(path) if path else (GPU_TABLE, GPU_ATTENTION)
+
+
 # Policies other than "tf32" need more shared memory per stage (tf32x3 splits operands)
 # or run on CUDA cores (ieee): modest tiles that fit.
 GPU_SAFE = dict(qkv=G(64, 64, 32, 4, 2), qkv_heads_per_tile=1, o_proj=G(64, 128, 32, 4, 2),
@@ -292,10 +328,11 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
                          f"got {attention_precision!r}")
     M = sh.M
     if device.type == "cuda" and not _interpreting():
-        hpt, qkv = _nearest(GPU_TABLE["qkv"], M)
+        table, attention = _gpu_tables()
+        hpt, qkv = _nearest(table["qkv"], M)
         plan = dict(qkv=qkv, qkv_heads_per_tile=_heads_per_tile(sh, hpt),
-                    o_proj=_nearest(GPU_TABLE["o_proj"], M), gate_up=_nearest(GPU_TABLE["gate_up"], M),
-                    down=_nearest(GPU_TABLE["down"], M), attention=_nearest(GPU_ATTENTION, sh.S),
+                    o_proj=_nearest(table["o_proj"], M), gate_up=_nearest(table["gate_up"], M),
+                    down=_nearest(table["down"], M), attention=_nearest(attention, sh.S),
                     norm_rows=1, norm_warps=8 if sh.H >= 2048 else 4)
         if precision != "tf32":
             plan.update({k: v for k, v in GPU_SAFE.items() if k != "attention"})
@@ -307,6 +344,7 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
                     gate_up=CPU_GEMM, down=CPU_GEMM, attention=CPU_ATTENTION, norm_rows=16,
                     norm_warps=4)
     plan.update(tuning or {})
+    plan["qkv_heads_per_tile"] = _heads_per_tile(sh, plan["qkv_heads_per_tile"])
     return Plan(precision=precision, attention_precision=attention_precision, **plan)
 
 
@@ -358,16 +396,20 @@ def launch_qkv(h: torch.Tensor, w: Sequence[torch.Tensor], cos: torch.Tensor, si
     c, hpt = plan.qkv, plan.qkv_heads_per_tile
     wq, bq, wk, bk, wv, bv = w
     M = sh.M
-    bnh = triton.next_power_of_2(hpt * sh.D // 2)
-    if not _interpreting():
-        bnh = max(bnh, 16)
+    bn = hpt * sh.D
+    if c.use_tma:
+        x_arg = _descriptor(h, [c.BM, c.BK])
+        wq, wk, wv = (_descriptor(t, [bn, c.BK]) for t in (wq, wk, wv))
+    else:
+        x_arg = h
     vt_arg = vt if vt is not None else out
     vs = vt.stride() if vt is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(M, c.BM) * ((sh.QD + 2 * sh.KD) // (hpt * sh.D)),)
-    _launch(K.qkv_rope_kernel, grid, h, wq, wk, wv, bq, bk, bv, cos, sin, out, vt_arg, M, sh.S, sh.H,
+    grid = (triton.cdiv(M, c.BM) * ((sh.QD + 2 * sh.KD) // bn),)
+    _launch(K.qkv_rope_kernel, grid, x_arg, wq, wk, wv, bq, bk, bv, cos, sin, out, vt_arg, M, sh.S, sh.H,
             h.stride(0), out.stride(0), cos.stride(0), vs[0], vs[1], vs[2],
-            QD=sh.QD, KD=sh.KD, D=sh.D, HPT=hpt, BNH=bnh, BM=c.BM, BK=c.BK, GROUP_M=c.GROUP_M,
-            EVEN_K=_even(sh.H, c.BK), PREC=plan.precision, ROUND_B=c.round_b and plan.round_act, FUSED=fused,
+            QD=sh.QD, KD=sh.KD, D=sh.D, HPT=hpt, BM=c.BM, BK=c.BK, GROUP_M=c.GROUP_M,
+            EVEN_K=_even(sh.H, c.BK), PREC=plan.precision, USE_TMA=c.use_tma,
+            ROUND_B=c.round_b and plan.round_act, FUSED=fused,
             ROUND_OUT=fused and plan.round_attn, MUT_WRONG_AXIS=mutant == "mrope_wrong_axis",
             num_warps=c.num_warps, num_stages=c.num_stages)
 
@@ -385,10 +427,19 @@ def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: 
                      mutant: str | None = None) -> torch.Tensor:
     c = plan.attention
     grid = (triton.cdiv(sh.S * sh.G, c.BM), sh.B * sh.Hkv)
-    _launch(K.attention_kernel, grid, qk, vt, out, sh.S, qk.stride(0), out.stride(0), vt.stride(0),
+    if c.use_tma:
+        from triton.tools.tensor_descriptor import TensorDescriptor
+        k_src = TensorDescriptor.from_tensor(qk, [c.BN, sh.D])
+        # V^T seen as [B*Hkv*D, S] with row stride S_pad: keys >= S read as zeros, never
+        # the padding columns (which nobody writes)
+        vt_src = TensorDescriptor(vt, [sh.B * sh.Hkv * sh.D, sh.S], [vt.stride(2), 1], [sh.D, c.BN])
+    else:
+        k_src, vt_src = qk, vt
+    _launch(K.attention_kernel, grid, qk, k_src, vt_src, out, sh.S, qk.stride(0), out.stride(0), vt.stride(0),
             vt.stride(1), vt.stride(2), LOG2E / math.sqrt(sh.D),
             QD=sh.QD, G=sh.G, HKV=sh.Hkv, D=sh.D, BM=c.BM, BN=c.BN, PREC=plan.attention_precision,
-            ROUND_P=plan.round_attn, ROUND_OUT=plan.round_act, MUT_NONCAUSAL=mutant == "noncausal_attention", MUT_KV_MOD=mutant == "kv_head_mod",
+            ROUND_P=plan.round_attn, ROUND_OUT=plan.round_act, USE_TMA=c.use_tma,
+            MUT_NONCAUSAL=mutant == "noncausal_attention", MUT_KV_MOD=mutant == "kv_head_mod",
             num_warps=c.num_warps, num_stages=c.num_stages)
     return out
 
@@ -412,7 +463,8 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
 
 def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
                          c: GemmConfig, precision: str) -> torch.Tensor:
-    """out = (res +) a w^T."""
+    """out = (res +) a w^T; with ``c.split_k`` > 1 the K axis is cut into that many slices
+    whose partial products are summed (with the residual) by a second, small kernel."""
     if c.persistent:
         _launch_persistent(a, w, None, res, out, c, precision, gate_up=False)
         return out
@@ -422,12 +474,23 @@ def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | N
         a_arg, w_arg = _descriptor(a, [c.BM, c.BK]), _descriptor(w, [c.BN, c.BK])
     else:
         a_arg, w_arg = a, w
+    splits = max(1, min(c.split_k, triton.cdiv(Kd, c.BK)))
+    k_per_split = triton.cdiv(triton.cdiv(Kd, splits), c.BK) * c.BK
+    splits = triton.cdiv(Kd, k_per_split)
+    if splits > 1 and ((res is not None and res.stride(0) != N) or out.stride(0) != N):
+        raise ValueError(f"{NAME} (fast): split-K needs contiguous residual and output rows")
+    part = out if splits == 1 else torch.empty(splits, M, N, device=out.device, dtype=torch.float32)
     res_arg = res if res is not None else out
-    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN),)
-    _launch(K.gemm_residual_kernel, grid, a_arg, w_arg, res_arg, out, M, N, Kd, a.stride(0), w.stride(0),
-            res_arg.stride(0), out.stride(0), BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M,
+    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), splits)
+    _launch(K.gemm_residual_kernel, grid, a_arg, w_arg, res_arg, part, M, N, Kd, a.stride(0), w.stride(0),
+            res_arg.stride(0), N if splits > 1 else out.stride(0), k_per_split,
+            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M,
             EVEN_K=_even(Kd, c.BK), PREC=precision, USE_TMA=c.use_tma, ROUND_B=c.round_b and precision == "tf32",
-            ADD_RESIDUAL=res is not None, num_warps=c.num_warps, num_stages=c.num_stages)
+            ADD_RESIDUAL=res is not None and splits == 1, num_warps=c.num_warps, num_stages=c.num_stages)
+    if splits > 1:
+        block = 1024
+        _launch(K.splitk_reduce_kernel, (triton.cdiv(M * N, block),), part, res_arg, out, M, N,
+                SPLITS=splits, BLOCK=block, ADD_RESIDUAL=res is not None, num_warps=4)
     return out
 
 

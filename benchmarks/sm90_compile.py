@@ -1,0 +1,128 @@
+"""Compile op A's Triton kernels for sm_90 (H200) on a machine without a GPU, and report
+what each config costs: shared memory, registers, spills, wgmma count. A config that
+needs more than the 227 KB of shared memory, or spills heavily, is not worth device time.
+
+    PYTHONPATH=src python benchmarks/sm90_compile.py [--only qkv,o_proj,...]
+
+How: Triton is imported without the interpreter and with a stand-in driver that reports
+an sm_90 target; the launchers run in ``compile_only`` mode (``kernel.warmup``), which
+compiles without launching. ptxas from Triton's wheel gives registers and spills.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ.pop("TRITON_INTERPRET", None)
+CACHE = tempfile.mkdtemp(prefix="sm90_cache_")
+os.environ["TRITON_CACHE_DIR"] = CACHE
+
+import torch  # noqa: E402
+
+torch.cuda.is_available = lambda: True          # keep fuseval.fast from selecting the interpreter
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+
+class _Sm90Driver:
+    """Enough of a CUDA driver for ``warmup``: device 0, stream 0, target sm_90."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 32)
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def _install_driver():
+    from triton.backends.nvidia.driver import CudaDriver
+    real = object.__new__(CudaDriver)
+    try:
+        real.__init__()
+    except Exception:  # noqa: BLE001 - no libcuda here; only the compiler is needed
+        pass
+    driver.set_active(_Sm90Driver(real))
+
+
+def _ptxas():
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+
+
+def _report(before: set[str]):
+    """Shared memory, registers and spills of the kernels compiled since ``before``."""
+    rows = []
+    for meta_path in glob.glob(os.path.join(CACHE, "*", "*.json")):
+        d = os.path.dirname(meta_path)
+        if d in before or os.path.basename(meta_path).startswith("__grp__"):
+            continue
+        meta = json.load(open(meta_path))
+        ptx = meta_path[:-5] + ".ptx"
+        out = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", ptx, "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+        regs = spill = 0
+        for line in out.splitlines():
+            if "Used" in line and "registers" in line:
+                regs = int(line.split("Used")[1].split("registers")[0])
+            if "spill stores" in line:
+                spill = int(line.split("bytes spill stores")[0].split(",")[-1])
+        src = open(ptx).read()
+        rows.append((meta["name"], meta["shared"], regs, spill, src.count("wgmma.mma_async")))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", default="")
+    ap.add_argument("--tokens", type=int, default=8192)
+    args = ap.parse_args()
+    _install_driver()
+    from fuseval.fast import qwen2vl_decoder_layer as F
+    F._interpreting = lambda: False
+    sys.path.insert(0, os.path.dirname(__file__))
+    import qwen2vl_breakdown as B                  # variant_space and kernel_calls
+    B.DEVICE = "cpu"
+    W = B.make_weights("cpu", empty=True)
+    act = B.make_activations(1, args.tokens, "cpu", empty=True)
+    sh = F._shape_of(B.inputs_of(W, act))
+    only = set(filter(None, args.only.split(",")))
+    print(f"{'kernel':10s} {'variant':18s} {'smem KB':>8s} {'regs':>5s} {'spill B':>8s} {'wgmma':>6s}  compile s")
+    for kind, variants in B.variant_space().items():
+        if only and kind not in only:
+            continue
+        for name, cfg in variants.items():
+            plan = F.plan_for(sh, torch.device("cuda"), "tf32", tuning=B.tuning_for(kind, cfg))
+            before = set(glob.glob(os.path.join(CACHE, "*")))
+            t0 = time.time()
+            try:
+                with F.compile_only():
+                    B.kernel_calls(W, act, plan)[kind]()
+                for row in _report(before):
+                    fits = "" if row[1] <= 232448 else "  (does not fit: > 227 KB)"
+                    print(f"{kind:10s} {name:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
+                          f"  {time.time() - t0:.1f}{fits}", flush=True)
+            except Exception as exc:  # noqa: BLE001 - a failed variant is a result
+                print(f"{kind:10s} {name:18s} FAILED {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
