@@ -90,12 +90,87 @@ def _report(before: set[str]):
     return rows
 
 
+def _nvfp4(configs: list[str], tokens: int) -> None:
+    """Op B: compile the fused kernel for each 'BM,BK,WARPS,STAGES[,flags]' config."""
+    from fuseval.definitions import load
+    from fuseval.fast import nvfp4_qkv_rope as F
+    from fuseval.inputs import generate_inputs
+    defn = load("nvfp4_qkv_rope")
+    inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device=torch.device("cpu"))
+    for text in configs:
+        cfg = F.KernelConfig.parse(text)
+        before = set(glob.glob(os.path.join(CACHE, "*")))
+        t0 = time.time()
+        plan = F._plan(inputs, 0, cfg, 0, False, False)
+        plan.consts["INTERP"] = False
+        if cfg.block_k % 64 == 0:
+            plan.consts["SCALE_I32"] = True
+        try:
+            F._nvfp4_qkv_rope_kernel.warmup(*_nvfp4_args(F, inputs), grid=plan.grid, GS_FROM_PTR=False,
+                                            **plan.consts)
+        except Exception as exc:  # noqa: BLE001
+            print(f"{'nvfp4':10s} {text:18s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
+            continue
+        for row in _report(before):
+            print(f"{'nvfp4':10s} {text:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
+                  f"  {time.time() - t0:.1f}", flush=True)
+
+
+def _nvfp4_args(F, inputs):
+    (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
+    out = torch.empty(1, dtype=torch.bfloat16)
+    return (x, cos, sin, wq, sq, wk, sk, wv, sv, x, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
+            out, out, out, out, x.shape[0] * x.shape[1], x.shape[1])
+
+
+def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
+    """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE]' config."""
+    from fuseval.definitions import load
+    from fuseval.fast import _nvfp4_gluon as G
+    from fuseval.inputs import generate_inputs
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    defn = load("nvfp4_qkv_rope")
+    inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device=torch.device("cpu"))
+    (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
+    u8 = [t.view(torch.uint8) for t in (wq, sq, wk, sk, wv, sv)]
+    out = torch.empty(1, dtype=torch.bfloat16)
+    for text in configs:
+        bm, bk, stages, hpt = (int(v) for v in (text + ",1").split(",")[:4])
+        before = set(glob.glob(os.path.join(CACHE, "*")))
+        t0 = time.time()
+        layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
+        x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
+        try:
+            G.nvfp4_qkv_rope_gluon_kernel.warmup(
+                x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
+                out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
+                HPT=hpt, GS_FROM_PTR=False, num_warps=8, grid=(1,))
+        except Exception as exc:  # noqa: BLE001
+            import traceback
+            traceback.print_exc()
+            print(f"{'gluon':10s} {text:18s} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+            continue
+        for row in _report(before):
+            print(f"{'gluon':10s} {text:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
+                  f"  {time.time() - t0:.1f}", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
+    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES', ';'-separated")
     args = ap.parse_args()
     _install_driver()
+    if args.gluon:
+        _nvfp4_gluon(args.gluon.split(";"), args.tokens)
+        return
+    if args.nvfp4:
+        print(f"{'kernel':10s} {'variant':18s} {'smem KB':>8s} {'regs':>5s} {'spill B':>8s} {'wgmma':>6s}  compile s")
+        _nvfp4(args.nvfp4.split(";"), args.tokens)
+        return
     from fuseval.fast import qwen2vl_decoder_layer as F
     F._interpreting = lambda: False
     sys.path.insert(0, os.path.dirname(__file__))

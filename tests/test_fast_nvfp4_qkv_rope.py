@@ -255,3 +255,23 @@ def test_gpu_ragged_tokens_and_exact_decode():
     for o, staged, r in zip(fast.forward(*inputs), outs, refs):
         assert bool(_within_rounding(o, r, 1e-5).all())
         assert bool(_within_rounding(staged, r, 1e-5).all())
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("config", ["256,64,8,5,g", "128,64,8,5,g,h2"])
+def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
+    """The Hopper Gluon kernel (fast/_nvfp4_gluon.py) on a ragged 3 x 333 batch and on the
+    seed cases: every element within rounding of the float64 oracle, and the full check
+    (NaN-poisoned outputs, hygiene rules) passes."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel targets sm_90")
+    defn = load(OP, "seed")
+    inputs = generate_inputs(defn, {"seq_len": 333, "batch_size": 3}, seed=19, device="cuda")
+    cfg = fast.KernelConfig.parse(config)
+    assert fast._plan(inputs, 0, cfg, 0, False, False).gluon == cfg      # the Gluon path is taken
+    for o, r in zip(fast.forward(*inputs, config=cfg), ref.reference(*inputs)):
+        assert bool(_within_rounding(o, r, 1e-5).all())
+    report = check(OP, functools.partial(fast.forward, config=cfg), config="seed", cases="0,9",
+                   device="cuda", seed=5)
+    assert report.passed, [c.messages for c in report.cases]

@@ -454,32 +454,39 @@ class KernelConfig:
     num_stages: int = 3
     w_as_a: bool = False      # compute acc^T = W x^T (decoded W as the dot's A operand)
     heads_per_tile: int = 1   # 2: one N tile spans two heads (halves the re-reads of x)
+    gluon: bool = False       # Hopper: the Gluon kernel (fast/_nvfp4_gluon.py) where it applies
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """'BM,BK,WARPS,STAGES[,a][,h2]' (``a``: W as the A operand; ``h2``: two heads per
-        tile), e.g. '128,64,8,3' or '128,64,8,3,a,h2'."""
+        """'BM,BK,WARPS,STAGES[,a][,h2][,g]' (``a``: W as the A operand; ``h2``: two heads
+        per tile; ``g``: the Gluon kernel on Hopper, with STAGES x-tile slots), e.g.
+        '128,64,8,3' or '128,64,8,3,a,h2' or '128,64,8,6,g'."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         flags = parts[4:]
-        if len(parts) < 4 or any(f not in ("a", "h1", "h2") for f in flags) or len(set(flags)) != len(flags):
-            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2]', got {text!r}")
+        if len(parts) < 4 or any(f not in ("a", "h1", "h2", "g") for f in flags) \
+                or len(set(flags)) != len(flags):
+            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2][,g]', got {text!r}")
         return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), "a" in flags,
-                   2 if "h2" in flags else 1)
+                   2 if "h2" in flags else 1, "g" in flags)
 
     def label(self) -> str:
         return (f"{self.block_m},{self.block_k},{self.num_warps},{self.num_stages}"
-                + (",a" if self.w_as_a else "") + (",h2" if self.heads_per_tile == 2 else ""))
+                + (",a" if self.w_as_a else "") + (",h2" if self.heads_per_tile == 2 else "")
+                + (",g" if self.gluon else ""))
 
 
 # Tile table for Hopper (H200), by the number of tokens M = B*S: (largest M, config).
 # Chosen by benchmarks/sweep_nvfp4_qkv_rope.py on an H200 (benchmarks/notes_nvfp4_qkv_rope.md):
-# up to 1024 tokens one warpgroup per 128-token tile (two CTAs per SM overlap each other's
-# decode and MMA, and small M needs the extra tiles); above, 256-token tiles halve the FP4
-# decode work per FLOP (the decoded W fragment feeds twice as many MMAs).
+# the Gluon kernel (fast/_nvfp4_gluon.py) with 256-token tiles, which halve the FP4 decode
+# work per FLOP against 128-token ones; it measured 4-12% faster than the Triton kernel's
+# best config at every size (4 x-tile slots up to 512 tokens, 5 above).
 H200_CONFIGS: list[tuple[int, KernelConfig]] = [
-    (1024, KernelConfig(128, 64, 4, 4, True)),
-    (1 << 62, KernelConfig(256, 64, 8, 3, True)),
+    (512, KernelConfig(256, 64, 8, 4, gluon=True)),
+    (1 << 62, KernelConfig(256, 64, 8, 5, gluon=True)),
 ]
+# Where a Gluon config cannot run (not sm_90, head_dim != 128, a mutant or a stage tap),
+# the Triton kernel takes this config of the same tile height instead.
+TRITON_FOR_GLUON = {128: KernelConfig(128, 64, 4, 4, True), 256: KernelConfig(256, 64, 8, 3, True)}
 
 CONFIG_ENV = "FUSEVAL_NVFP4_QKV_ROPE_CONFIG"      # one config for every size
 TABLE_ENV = "FUSEVAL_NVFP4_QKV_ROPE_TABLE"        # 'MAXM:cfg;MAXM:cfg;...' replaces the table
@@ -538,6 +545,7 @@ class _Plan:
     grid: tuple
     consts: dict
     contiguous: bool
+    gluon: KernelConfig | None = None     # set: launch the Gluon kernel with this config
 
 
 _DEFN = None
@@ -571,10 +579,17 @@ def _plan(inputs, mode: int, config: KernelConfig | None, mutant: int, dense: bo
     m, nt = b * s, hq + 2 * hkv
     dev = inputs[0].device
     cfg = config or pick_config(m, hidden, d, dev)
+    interp = dev.type != "cuda"
+    # the Gluon kernel: production calls on Hopper with head_dim 128 and whole 64-wide K steps
+    gluon = (cfg.gluon and not interp and mode == _MODE_FULL and mutant == 0 and not dense and d == 128
+             and hidden % 64 == 0 and cfg.block_k == 64 and cfg.num_stages >= 4 and cfg.num_warps == 8
+             and cfg.block_m in (128, 256) and torch.cuda.get_device_capability(dev)[0] == 9)
+    gluon_cfg = cfg if gluon else None
+    if cfg.gluon and not gluon:
+        cfg = TRITON_FOR_GLUON.get(cfg.block_m, KernelConfig(cfg.block_m, cfg.block_k, 4, 3, True))
     if cfg.block_k % 16 or cfg.block_k < 16 or cfg.block_m < 16:
         raise ValueError(f"kernel config: block_k must be a multiple of 16 and block_m >= 16, "
                          f"got {cfg.label()}")
-    interp = dev.type != "cuda"
     # two heads per tile only where no tile would straddle projections (even head counts)
     hpt = 2 if cfg.heads_per_tile == 2 and hq % 2 == 0 and hkv % 2 == 0 else 1
     # int32 scale words: compiled path only (the interpreter gains nothing), whole words per tile
@@ -584,7 +599,8 @@ def _plan(inputs, mode: int, config: KernelConfig | None, mutant: int, dense: bo
                   HPT=hpt, SCALE_I32=scale_i32, INTERP=interp, MODE=mode, MUTANT=mutant,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     contiguous = all(t.is_contiguous() for t in inputs if isinstance(t, torch.Tensor))
-    plan = _Plan(b, s, hq, hkv, d, m, (triton.cdiv(m, cfg.block_m) * (nt // hpt),), consts, contiguous)
+    plan = _Plan(b, s, hq, hkv, d, m, (triton.cdiv(m, cfg.block_m) * (nt // hpt),), consts, contiguous,
+                 gluon_cfg)
     if len(_PLANS) > 256:
         _PLANS.clear()
     _PLANS[key] = plan
@@ -626,6 +642,16 @@ def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
         q_out = k_out = v_out = proj
         result = proj
     if m == 0:
+        return result
+    if plan.gluon is not None and x.data_ptr() % 16 == 0:
+        from . import _nvfp4_gluon
+        cfg = plan.gluon
+        u8 = lambda t: _word_aligned(t).view(torch.uint8)     # noqa: E731
+        _nvfp4_gluon.launch(x.view(m, -1), cos, sin, [u8(t) for t in (wq, wk, wv)],
+                            [u8(t) for t in (sq, sk, sv)], gs_args, gs_from_ptr, qn, kn, eps,
+                            result, m, s, hq, hkv, block_m=cfg.block_m, block_k=cfg.block_k,
+                            stages=cfg.num_stages, heads_per_tile=plan.consts["HPT"],
+                            num_warps=cfg.num_warps)
         return result
     _nvfp4_qkv_rope_kernel[plan.grid](
         x, cos, sin,

@@ -1,0 +1,264 @@
+"""Op B's main kernel for Hopper, written in Gluon (Triton's explicit-layout dialect).
+
+Why a second kernel: in the Triton kernel (``nvfp4_qkv_rope._nvfp4_qkv_rope_kernel``) the
+compiler picks the layouts. The decoded weight tile comes out of the FP4 decode in one
+register layout, the tensor cores want another, and the compiler bridges them with a
+round trip through shared memory and a wait on the previous MMA in every K step; the
+kernel runs at about half the bf16 tensor-core rate. Here the layouts are ours:
+
+* x tiles [BM, BK] arrive by TMA into a ring of ``STAGES`` shared-memory slots (mbarrier
+  per slot), ``STAGES - 3`` steps ahead of the MMA.
+* Each K step every thread loads 16 contiguous code bytes (four 32-bit words) and its two
+  e4m3 scales of one weight row straight from global memory, decodes them in registers
+  (the same exact bit arithmetic as the Triton kernel, on whole words: ``code * scale *
+  2^-8`` in fp32, then bf16) and
+  writes 32 contiguous bf16 values into one of three shared-memory weight slots, already
+  in the swizzled layout the tensor cores read. No second pass over the tile.
+* The wgmma of step k is issued asynchronously and only waited for (at most one in
+  flight) after the decode of step k + 1 has been written, so the decode of one step
+  overlaps the tensor-core work of the previous one.
+* One program = BM tokens x one head (128 columns); the epilogue applies the global
+  scale, the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
+
+Scope: head_dim 128, hidden_size a multiple of BK, on sm_90. Everything else (and the
+interpreter, and the mutants) uses the Triton kernel; ``nvfp4_qkv_rope`` decides.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+HEAD_DIM = 128
+
+
+@gluon.jit
+def _nibble_f32(v, I: gl.constexpr):
+    """Code I (bits 4I..4I+3) of uint32 words v -> fp32 = e2m1 value * 2^-126: the
+    magnitude bits go to fp32 bits 24..22 and the sign to bit 31 (as in
+    nvfp4_qkv_rope._nibble_f32); two shifts and two logic ops per code."""
+    if 4 * I <= 22:
+        mag = (v << (22 - 4 * I)) & 0x01C00000
+    else:
+        mag = (v >> (4 * I - 22)) & 0x01C00000
+    sign = (v << (28 - 4 * I)) & 0x80000000
+    return (mag | sign).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _decode_words(v, scale):
+    """uint32 words v [R, NB, 2] (8 codes each, low nibble first) times their block scale
+    [R, NB, 1] (value * 2^118) -> bf16 [R, NB, 2, 8] = code * scale * 2^-8, exactly.
+    Nested joins put code j of a word last in the order j = 4a + 2b + c (a: innermost)."""
+    n0 = (_nibble_f32(v, 0) * scale).to(gl.bfloat16)
+    n1 = (_nibble_f32(v, 1) * scale).to(gl.bfloat16)
+    n2 = (_nibble_f32(v, 2) * scale).to(gl.bfloat16)
+    n3 = (_nibble_f32(v, 3) * scale).to(gl.bfloat16)
+    n4 = (_nibble_f32(v, 4) * scale).to(gl.bfloat16)
+    n5 = (_nibble_f32(v, 5) * scale).to(gl.bfloat16)
+    n6 = (_nibble_f32(v, 6) * scale).to(gl.bfloat16)
+    n7 = (_nibble_f32(v, 7) * scale).to(gl.bfloat16)
+    even = gl.join(gl.join(n0, n4), gl.join(n2, n6))
+    odd = gl.join(gl.join(n1, n5), gl.join(n3, n7))
+    return gl.join(even, odd)
+
+
+@gluon.jit
+def _e4m3_f32(sb):
+    """e4m3 bytes (int32) -> fp32 = value * 2^118; NaN for the e4m3 NaN code."""
+    s = ((((sb & 0x7F) << 20) | ((sb & 0x80) << 24)).to(gl.uint32)).to(gl.float32, bitcast=True)
+    s = (s * 6.64613997892458e+35) * 6.64613997892458e+35        # 2^119, twice
+    return gl.where((sb & 0x7F) == 0x7F, float("nan"), s)
+
+
+@gluon.jit
+def nvfp4_qkv_rope_gluon_kernel(
+        x_desc, cos_ptr, sin_ptr,
+        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+        q_out, k_out, v_out, M, S,
+        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
+        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+    D: gl.constexpr = 128
+    HALF: gl.constexpr = 64
+    BN: gl.constexpr = HPT * D                    # HPT whole heads per program
+    NT: gl.constexpr = HQ + 2 * HKV
+    NK: gl.constexpr = K // BK
+    NB: gl.constexpr = BK // 16                   # scale blocks per K step
+    # x tiles in flight ahead of the MMA. A slot is refilled three steps after its MMA
+    # was issued: warps wait for their own MMAs only, and one barrier per step keeps them
+    # within one step of each other, so step k may only reuse what step k-3 read.
+    AHEAD: gl.constexpr = STAGES - 3
+    WSLOTS: gl.constexpr = 3
+
+    pid = gl.program_id(0)
+    h = (pid % (NT // HPT)) * HPT                 # first head; heads fastest: tiles in flight share x in L2
+    off_m = (pid // (NT // HPT)) * BM
+    if h < HQ:
+        w_base = wq_ptr
+        s_base = sq_ptr
+        row0 = h * D
+    elif h < HQ + HKV:
+        w_base = wk_ptr
+        s_base = sk_ptr
+        row0 = (h - HQ) * D
+    else:
+        w_base = wv_ptr
+        s_base = sv_ptr
+        row0 = (h - HQ - HKV) * D
+
+    # ---- layouts
+    # decode: [BN rows, NB blocks, 2 words of 8 codes]; a thread holds 2 blocks x 2 words of
+    # one row = 16 contiguous bytes (one vector load) = 32 contiguous decoded values
+    L3: gl.constexpr = gl.BlockedLayout([1, 2, 2], [16, NB // 2, 1], [num_warps, 1, 1], [2, 1, 0])
+    LS: gl.constexpr = gl.SliceLayout(2, L3)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 16])
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+
+    # ---- code and scale addresses of the tile's BN weight rows (consecutive heads)
+    r = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
+    bq = gl.arange(0, NB, layout=gl.SliceLayout(0, LS))
+    word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    rows = (row0 + r).to(gl.int64)
+    c_offs = gl.expand_dims(gl.expand_dims(rows * (K // 8), 1) + gl.expand_dims(bq * 2, 0), 2) \
+        + gl.expand_dims(gl.expand_dims(word, 0), 1)                       # [BN, NB, 2] words
+    s_offs = gl.expand_dims(rows * (K // 16), 1) + gl.expand_dims(bq, 0)   # [BN, NB]
+    c_ptrs = w_base.to(gl.pointer_type(gl.uint32)) + c_offs
+    s_ptrs = s_base + s_offs
+
+    # ---- shared memory: x ring (TMA), two decoded-weight slots, one barrier per x slot
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [WSLOTS, BN, BK], W_SMEM)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(AHEAD):
+        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
+
+    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
+    # codes and scales are loaded two steps before their decode (registers carried by
+    # the loop), so that their global-memory latency hides behind two steps of work
+    codes_1 = gl.load(c_ptrs)
+    sbits_1 = gl.load(s_ptrs)
+    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
+    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
+    for kk in range(NK):
+        codes = codes_1
+        sbits = sbits_1.to(gl.int32)
+        codes_1 = codes_2
+        sbits_1 = sbits_2
+        ahead = gl.minimum(kk + 2, NK - 1)        # the last steps reload the last tile
+        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
+        sbits_2 = gl.load(s_ptrs + ahead * NB)
+        # decode step kk while the MMA of step kk-1 runs
+        scale = gl.expand_dims(_e4m3_f32(sbits), 2)
+        # exact: code * scale * 2^-8; k = 16 block + 8 word + code
+        w = gl.reshape(_decode_words(codes, scale), [BN, BK])
+        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
+            w = gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE)
+        # this weight slot and the x slot refilled below were last read by the MMA of
+        # step kk-3, finished in every warpgroup (see AHEAD)
+        w_smem.index(kk % WSLOTS).store(w)
+        nxt = kk + AHEAD
+        if nxt < NK:
+            mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
+                                            x_smem.index(nxt % STAGES))
+        fence_async_shared()
+        gl.thread_barrier()                       # every warp's part of the tile is written
+        mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
+        if PROBE != 2:          # timing probe 2: no tensor-core work
+            acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+
+    # ---- epilogue: [BM, HPT heads, 2 halves, 64] with both halves of a head's row
+    # segment in one thread, so the RMS norm (over 128) and rotate_half are register-local
+    if GS_FROM_PTR:
+        gs = gl.load(gs_ptr + (h >= HQ).to(gl.int32) + (h >= HQ + HKV).to(gl.int32))
+    elif h < HQ:
+        gs = gs_q
+    elif h < HQ + HKV:
+        gs = gs_k
+    else:
+        gs = gs_v
+    E4: gl.constexpr = gl.BlockedLayout([1, HPT, 2, 32], [16, 1, 1, 2], [num_warps, 1, 1, 1], [3, 2, 1, 0])
+    t = gl.convert_layout(gl.reshape(acc, [BM, HPT, 2, HALF]), E4) * (gs * 256.0)
+    # index vectors, each expanded to a broadcastable 4-D shape
+    tok = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, E4))))
+    hd = gl.arange(0, HPT, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, E4))))
+    half = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(3, E4))))
+    j = gl.arange(0, HALF, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, E4))))
+    tok4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(tok, 1), 2), 3)      # [BM, 1, 1, 1]
+    hd4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(hd, 0), 2), 3)        # [1, HPT, 1, 1]
+    half4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(half, 0), 1), 3)    # [1, 1, 2, 1]
+    j4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(j, 0), 1), 2)          # [1, 1, 1, 64]
+    col = half4 * HALF + j4                                                  # d within the head
+    tok_ok = tok4 < M
+    is_lo = (half4 == 0).to(gl.float32)
+    if h < HQ + HKV:
+        if h < HQ:
+            nw_ptr = qn_ptr
+        else:
+            nw_ptr = kn_ptr
+        nw = gl.load(nw_ptr + col).to(gl.float32)
+        ss = gl.sum(gl.sum(t * t, axis=3), axis=2)                           # [BM, HPT]
+        rinv = gl.rsqrt(ss * (1.0 / D) + eps)
+        t = t * gl.expand_dims(gl.expand_dims(rinv, 2), 3) * nw
+        cs = tok4.to(gl.int64) * D + col
+        c = gl.load(cos_ptr + cs, mask=tok_ok, other=0.0).to(gl.float32)
+        sn = gl.load(sin_ptr + cs, mask=tok_ok, other=0.0).to(gl.float32)
+        # rotate_half([lo | hi]) = [-hi | lo]: the partner of each value is the other half
+        lo = gl.expand_dims(gl.sum(t * is_lo, axis=2), 2)
+        hi = gl.expand_dims(gl.sum(t * (1.0 - is_lo), axis=2), 2)
+        t = t * c + (hi * (-is_lo) + lo * (1.0 - is_lo)) * sn
+    if h < HQ:
+        out_ptr = q_out
+        hl = h
+        nh = h * 0 + HQ                           # run-time values: the branches yield one type
+    elif h < HQ + HKV:
+        out_ptr = k_out
+        hl = h - HQ
+        nh = h * 0 + HKV
+    else:
+        out_ptr = v_out
+        hl = h - HQ - HKV
+        nh = h * 0 + HKV
+    b = tok4 // S
+    s = tok4 - b * S
+    dst = ((b * nh + hl + hd4) * S + s).to(gl.int64) * D + col
+    gl.store(out_ptr + dst, t.to(gl.bfloat16), mask=tok_ok)
+
+
+def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool:
+    """Whether this kernel covers the call (else the Triton kernel runs)."""
+    return (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 and head_dim == HEAD_DIM
+            and hidden % block_k == 0 and block_k % 32 == 0)
+
+
+def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
+           block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, num_warps: int = 8,
+           probe: int = 0):
+    """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
+    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``probe`` (timing
+    experiments only, wrong outputs): 1 replaces the decode by a constant tile, 2 skips
+    the tensor-core products."""
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
+    grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
+    nvfp4_qkv_rope_gluon_kernel[grid](
+        x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
+        outs[0], outs[1], outs[2], m, seq,
+        K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
+        GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)
