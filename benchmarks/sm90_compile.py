@@ -124,7 +124,8 @@ def _nvfp4_args(F, inputs):
 
 
 def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
-    """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE]' config."""
+    """Op B's Gluon kernels: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,DECODE_WARPS[,DECODE_REGS]]]'
+    config (DECODE_WARPS > 0: the warp-specialized kernel)."""
     from fuseval.definitions import load
     from fuseval.fast import _nvfp4_gluon as G
     from fuseval.inputs import generate_inputs
@@ -136,16 +137,20 @@ def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     u8 = [t.view(torch.uint8) for t in (wq, sq, wk, sk, wv, sv)]
     out = torch.empty(1, dtype=torch.bfloat16)
     for text in configs:
-        bm, bk, stages, hpt = (int(v) for v in (text + ",1").split(",")[:4])
+        bm, bk, stages, hpt, dw, dr = (int(v) for v in (text + ",1,0,80").split(",")[:6])
         before = set(glob.glob(os.path.join(CACHE, "*")))
         t0 = time.time()
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
         x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
+        args = (x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
+                out, out, out, tokens, tokens)
+        meta = dict(K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages, HPT=hpt, GS_FROM_PTR=False,
+                    num_warps=8, grid=(1,))
         try:
-            G.nvfp4_qkv_rope_gluon_kernel.warmup(
-                x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
-                out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
-                HPT=hpt, GS_FROM_PTR=False, num_warps=8, grid=(1,))
+            if dw:
+                G.nvfp4_qkv_rope_gluon_ws_kernel.warmup(*args, DECODE_WARPS=dw, DECODE_REGS=dr, **meta)
+            else:
+                G.nvfp4_qkv_rope_gluon_kernel.warmup(*args, **meta)
         except Exception as exc:  # noqa: BLE001
             import traceback
             traceback.print_exc()

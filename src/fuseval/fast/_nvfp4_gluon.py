@@ -76,28 +76,13 @@ def _e4m3_f32(sb):
 
 
 @gluon.jit
-def nvfp4_qkv_rope_gluon_kernel(
-        x_desc, cos_ptr, sin_ptr,
-        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, M, S,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
-        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+def _tile(pid, wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr, HQ: gl.constexpr, HKV: gl.constexpr,
+          BM: gl.constexpr, HPT: gl.constexpr):
+    """The program's tile: first head h (heads vary fastest, so the tiles in flight share
+    their x rows in L2), first token, and where its weights' codes and scales start."""
     D: gl.constexpr = 128
-    HALF: gl.constexpr = 64
-    BN: gl.constexpr = HPT * D                    # HPT whole heads per program
     NT: gl.constexpr = HQ + 2 * HKV
-    NK: gl.constexpr = K // BK
-    NB: gl.constexpr = BK // 16                   # scale blocks per K step
-    # x tiles in flight ahead of the MMA. A slot is refilled three steps after its MMA
-    # was issued: warps wait for their own MMAs only, and one barrier per step keeps them
-    # within one step of each other, so step k may only reuse what step k-3 read.
-    AHEAD: gl.constexpr = STAGES - 3
-    WSLOTS: gl.constexpr = 3
-
-    pid = gl.program_id(0)
-    h = (pid % (NT // HPT)) * HPT                 # first head; heads fastest: tiles in flight share x in L2
+    h = (pid % (NT // HPT)) * HPT
     off_m = (pid // (NT // HPT)) * BM
     if h < HQ:
         w_base = wq_ptr
@@ -111,80 +96,36 @@ def nvfp4_qkv_rope_gluon_kernel(
         w_base = wv_ptr
         s_base = sv_ptr
         row0 = (h - HQ - HKV) * D
+    return h, off_m, w_base, s_base, row0
 
-    # ---- layouts
-    # decode: [BN rows, NB blocks, 2 words of 8 codes]; a thread holds 2 blocks x 2 words of
-    # one row = 16 contiguous bytes (one vector load) = 32 contiguous decoded values
+
+@gluon.jit
+def _weight_pointers(w_base, s_base, row0, K: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """Addresses of the first K step of the tile's BN weight rows: codes as uint32 words
+    [BN, NB, 2] and scale bytes [BN, NB]. Layout: a thread holds 2 blocks x 2 words of
+    one row = 16 contiguous bytes (one vector load) = 32 contiguous decoded values."""
     L3: gl.constexpr = gl.BlockedLayout([1, 2, 2], [16, NB // 2, 1], [num_warps, 1, 1], [2, 1, 0])
     LS: gl.constexpr = gl.SliceLayout(2, L3)
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 16])
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-
-    # ---- code and scale addresses of the tile's BN weight rows (consecutive heads)
     r = gl.arange(0, BN, layout=gl.SliceLayout(1, LS))
     bq = gl.arange(0, NB, layout=gl.SliceLayout(0, LS))
     word = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
     rows = (row0 + r).to(gl.int64)
     c_offs = gl.expand_dims(gl.expand_dims(rows * (K // 8), 1) + gl.expand_dims(bq * 2, 0), 2) \
-        + gl.expand_dims(gl.expand_dims(word, 0), 1)                       # [BN, NB, 2] words
-    s_offs = gl.expand_dims(rows * (K // 16), 1) + gl.expand_dims(bq, 0)   # [BN, NB]
-    c_ptrs = w_base.to(gl.pointer_type(gl.uint32)) + c_offs
-    s_ptrs = s_base + s_offs
+        + gl.expand_dims(gl.expand_dims(word, 0), 1)
+    s_offs = gl.expand_dims(rows * (K // 16), 1) + gl.expand_dims(bq, 0)
+    return w_base.to(gl.pointer_type(gl.uint32)) + c_offs, s_base + s_offs
 
-    # ---- shared memory: x ring (TMA), two decoded-weight slots, one barrier per x slot
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [WSLOTS, BN, BK], W_SMEM)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(AHEAD):
-        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
 
-    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
-    # codes and scales are loaded two steps before their decode (registers carried by
-    # the loop), so that their global-memory latency hides behind two steps of work
-    codes_1 = gl.load(c_ptrs)
-    sbits_1 = gl.load(s_ptrs)
-    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
-    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
-    for kk in range(NK):
-        codes = codes_1
-        sbits = sbits_1.to(gl.int32)
-        codes_1 = codes_2
-        sbits_1 = sbits_2
-        ahead = gl.minimum(kk + 2, NK - 1)        # the last steps reload the last tile
-        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
-        sbits_2 = gl.load(s_ptrs + ahead * NB)
-        # decode step kk while the MMA of step kk-1 runs
-        scale = gl.expand_dims(_e4m3_f32(sbits), 2)
-        # exact: code * scale * 2^-8; k = 16 block + 8 word + code
-        w = gl.reshape(_decode_words(codes, scale), [BN, BK])
-        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
-            w = gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE)
-        # this weight slot and the x slot refilled below were last read by the MMA of
-        # step kk-3, finished in every warpgroup (see AHEAD)
-        w_smem.index(kk % WSLOTS).store(w)
-        nxt = kk + AHEAD
-        if nxt < NK:
-            mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
-                                            x_smem.index(nxt % STAGES))
-        fence_async_shared()
-        gl.thread_barrier()                       # every warp's part of the tile is written
-        mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
-        if PROBE != 2:          # timing probe 2: no tensor-core work
-            acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
-                                is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-
-    # ---- epilogue: [BM, HPT heads, 2 halves, 64] with both halves of a head's row
-    # segment in one thread, so the RMS norm (over 128) and rotate_half are register-local
+@gluon.jit
+def _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+              q_out, k_out, v_out, M, S, HQ: gl.constexpr, HKV: gl.constexpr, BM: gl.constexpr,
+              HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
+    """Global scale, q/k RMS norm and RoPE, bf16 store into [B, heads, S, D]. The tile is
+    viewed as [BM, HPT heads, 2 halves, 64] with both halves of a head's row segment in
+    one thread, so the RMS norm (over 128) and rotate_half are register-local."""
+    D: gl.constexpr = 128
+    HALF: gl.constexpr = 64
     if GS_FROM_PTR:
         gs = gl.load(gs_ptr + (h >= HQ).to(gl.int32) + (h >= HQ + HKV).to(gl.int32))
     elif h < HQ:
@@ -241,6 +182,190 @@ def nvfp4_qkv_rope_gluon_kernel(
     gl.store(out_ptr + dst, t.to(gl.bfloat16), mask=tok_ok)
 
 
+@gluon.jit
+def _decode_step(codes, sbits, BN: gl.constexpr, BK: gl.constexpr):
+    """One K step's weight tile [BN, BK] bf16 = code * scale * 2^-8, exactly (k = 16 block
+    + 8 word + code)."""
+    scale = gl.expand_dims(_e4m3_f32(sbits.to(gl.int32)), 2)
+    return gl.reshape(_decode_words(codes, scale), [BN, BK])
+
+
+@gluon.jit
+def nvfp4_qkv_rope_gluon_kernel(
+        x_desc, cos_ptr, sin_ptr,
+        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+        q_out, k_out, v_out, M, S,
+        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
+        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+    """Single-partition version: every warp decodes, then every warpgroup issues its MMA."""
+    BN: gl.constexpr = HPT * 128                  # HPT whole heads per program
+    NK: gl.constexpr = K // BK
+    NB: gl.constexpr = BK // 16                   # scale blocks per K step
+    # x tiles in flight ahead of the MMA. A slot is refilled three steps after its MMA
+    # was issued: warps wait for their own MMAs only, and one barrier per step keeps them
+    # within one step of each other, so step k may only reuse what step k-3 read.
+    AHEAD: gl.constexpr = STAGES - 3
+    WSLOTS: gl.constexpr = 3
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 16])
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+                                           HQ, HKV, BM, HPT)
+    c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, num_warps)
+
+    # ---- shared memory: x ring (TMA), three decoded-weight slots, one barrier per x slot
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [WSLOTS, BN, BK], W_SMEM)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    for i in gl.static_range(AHEAD):
+        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
+
+    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
+    # codes and scales are loaded two steps before their decode (registers carried by
+    # the loop), so that their global-memory latency hides behind two steps of work
+    codes_1 = gl.load(c_ptrs)
+    sbits_1 = gl.load(s_ptrs)
+    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
+    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
+    for kk in range(NK):
+        codes = codes_1
+        sbits = sbits_1
+        codes_1 = codes_2
+        sbits_1 = sbits_2
+        ahead = gl.minimum(kk + 2, NK - 1)        # the last steps reload the last tile
+        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
+        sbits_2 = gl.load(s_ptrs + ahead * NB)
+        # decode step kk while the MMA of step kk-1 runs
+        w = _decode_step(codes, sbits, BN, BK)
+        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
+            w = gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE)
+        # this weight slot and the x slot refilled below were last read by the MMA of
+        # step kk-3, finished in every warpgroup (see AHEAD)
+        w_smem.index(kk % WSLOTS).store(w)
+        nxt = kk + AHEAD
+        if nxt < NK:
+            mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
+                                            x_smem.index(nxt % STAGES))
+        fence_async_shared()
+        gl.thread_barrier()                       # every warp's part of the tile is written
+        mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
+        if PROBE != 2:          # timing probe 2: no tensor-core work
+            acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
+                                is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
+
+
+# --------------------------------------------------------------------------- warp-specialized
+@gluon.jit
+def _ws_mma_partition(x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM: gl.constexpr, BN: gl.constexpr,
+                      NK: gl.constexpr, SLOTS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+                      HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
+    """Default partition (the kernel's warps): wait for a slot's x tile (TMA) and weight
+    tile (decode partition), issue the asynchronous wgmma, and once the MMA of the
+    previous step has finished in both warpgroups hand that slot back; then the
+    epilogue (``epi``: its run-time arguments; Triton 3.6 cannot return the accumulator
+    from a partition)."""
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BN, 16])
+    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
+    for kk in range(NK):
+        slot = kk % SLOTS
+        phase = (kk // SLOTS) & 1
+        mbarrier.wait(x_ready.index(slot), phase)
+        mbarrier.wait(w_ready.index(slot), phase)
+        acc = warpgroup_mma(x_smem.index(slot), w_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        gl.thread_barrier()                       # both warpgroups are done with step kk-1
+        mbarrier.arrive(slot_free.index((kk + SLOTS - 1) % SLOTS), pred=kk > 0)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S) = epi
+    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
+
+
+@gluon.jit
+def _ws_decode_partition(x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0, off_m,
+                         K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
+                         SLOTS: gl.constexpr, DECODE_WARPS: gl.constexpr):
+    """Worker partition: for each K step, once its slot is free, start the TMA copy of
+    the x tile and decode the weight tile into the slot (codes and scales loaded two
+    steps ahead), then signal the MMA partition."""
+    NK: gl.constexpr = K // BK
+    c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, DECODE_WARPS)
+    codes_1 = gl.load(c_ptrs)
+    sbits_1 = gl.load(s_ptrs)
+    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
+    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
+    for kk in range(NK):
+        slot = kk % SLOTS
+        # the slot's previous contents (step kk - SLOTS) must have been consumed
+        mbarrier.wait(slot_free.index(slot), ((kk // SLOTS) + 1) & 1, pred=kk >= SLOTS)
+        mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, kk * BK], x_ready.index(slot), x_smem.index(slot))
+        codes = codes_1
+        sbits = sbits_1
+        codes_1 = codes_2
+        sbits_1 = sbits_2
+        ahead = gl.minimum(kk + 2, NK - 1)
+        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
+        sbits_2 = gl.load(s_ptrs + ahead * NB)
+        w_smem.index(slot).store(_decode_step(codes, sbits, BN, BK))
+        fence_async_shared()
+        gl.thread_barrier()                       # the whole tile is written (this partition's warps)
+        mbarrier.arrive(w_ready.index(slot))
+
+
+@gluon.jit
+def nvfp4_qkv_rope_gluon_ws_kernel(
+        x_desc, cos_ptr, sin_ptr,
+        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+        q_out, k_out, v_out, M, S,
+        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
+        GS_FROM_PTR: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
+        num_warps: gl.constexpr):
+    """Warp-specialized version: the kernel's warps only issue MMAs (and run the
+    epilogue); DECODE_WARPS extra warps decode the weights and start the x copies,
+    STAGES slots (x tile + weight tile) ahead. The timing probes showed that in one
+    partition the decode and the MMAs of a step barely overlap (each alone takes about
+    two thirds of the whole)."""
+    BN: gl.constexpr = HPT * 128
+    NK: gl.constexpr = K // BK
+    NB: gl.constexpr = BK // 16
+    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
+    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+                                           HQ, HKV, BM, HPT)
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], W_SMEM)
+    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    slot_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(x_ready.index(i), count=1)
+        mbarrier.init(w_ready.index(i), count=1)
+        mbarrier.init(slot_free.index(i), count=1)
+    epi = (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S)
+    gl.warp_specialize([
+        (_ws_mma_partition, (x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM, BN, NK, STAGES, HQ, HKV, HPT,
+                             GS_FROM_PTR, num_warps)),
+        (_ws_decode_partition, (x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0,
+                                off_m, K, BN, BK, NB, STAGES, DECODE_WARPS)),
+    ], [DECODE_WARPS], [DECODE_REGS])
+
+
 def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool:
     """Whether this kernel covers the call (else the Triton kernel runs)."""
     return (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 and head_dim == HEAD_DIM
@@ -249,16 +374,20 @@ def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
            block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, num_warps: int = 8,
-           probe: int = 0):
+           decode_warps: int = 0, decode_regs: int = 80, probe: int = 0):
     """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
-    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``probe`` (timing
-    experiments only, wrong outputs): 1 replaces the decode by a constant tile, 2 skips
-    the tensor-core products."""
+    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``decode_warps`` > 0: the
+    warp-specialized kernel with that many decode warps (``decode_regs`` registers each).
+    ``probe`` (single-partition kernel, timing experiments only, wrong outputs): 1
+    replaces the decode by a constant tile, 2 skips the tensor-core products."""
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
-    nvfp4_qkv_rope_gluon_kernel[grid](
-        x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
-        outs[0], outs[1], outs[2], m, seq,
-        K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
-        GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)
+    args = (x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
+            outs[0], outs[1], outs[2], m, seq)
+    meta = dict(K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
+                GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)
+    if decode_warps:
+        nvfp4_qkv_rope_gluon_ws_kernel[grid](*args, DECODE_WARPS=decode_warps, DECODE_REGS=decode_regs, **meta)
+    else:
+        nvfp4_qkv_rope_gluon_kernel[grid](*args, PROBE=probe, **meta)
