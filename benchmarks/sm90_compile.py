@@ -124,8 +124,7 @@ def _nvfp4_args(F, inputs):
 
 
 def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
-    """Op B's Gluon kernels: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,DECODE_WARPS[,DECODE_REGS]]]'
-    config (DECODE_WARPS > 0: the warp-specialized kernel)."""
+    """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,W_AS_A]]' config."""
     from fuseval.definitions import load
     from fuseval.fast import _nvfp4_gluon as G
     from fuseval.inputs import generate_inputs
@@ -137,23 +136,17 @@ def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     u8 = [t.view(torch.uint8) for t in (wq, sq, wk, sk, wv, sv)]
     out = torch.empty(1, dtype=torch.bfloat16)
     for text in configs:
-        bm, bk, stages, hpt, dw, dr = (int(v) for v in (text + ",1,0,80").split(",")[:6])
+        bm, bk, stages, hpt, w_as_a = (int(v) for v in (text + ",1,0").split(",")[:5])
         before = set(glob.glob(os.path.join(CACHE, "*")))
         t0 = time.time()
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
         x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
-        args = (x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
-                out, out, out, tokens, tokens)
-        meta = dict(K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages, HPT=hpt, GS_FROM_PTR=False,
-                    num_warps=8, grid=(1,))
         try:
-            if dw:
-                G.nvfp4_qkv_rope_gluon_ws_kernel.warmup(*args, DECODE_WARPS=dw, DECODE_REGS=dr, **meta)
-            else:
-                G.nvfp4_qkv_rope_gluon_kernel.warmup(*args, **meta)
+            G.nvfp4_qkv_rope_gluon_kernel.warmup(
+                x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
+                out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
+                HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=8, grid=(1,))
         except Exception as exc:  # noqa: BLE001
-            import traceback
-            traceback.print_exc()
             print(f"{'gluon':10s} {text:18s} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
             continue
         for row in _report(before):
@@ -166,7 +159,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
-    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES', ';'-separated")
+    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A]]', ';'-separated")
     args = ap.parse_args()
     _install_driver()
     if args.gluon:

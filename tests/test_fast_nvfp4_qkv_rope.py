@@ -259,7 +259,7 @@ def test_gpu_ragged_tokens_and_exact_decode():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("config", ["256,64,8,5,g", "128,64,8,5,g,h2"])
+@pytest.mark.parametrize("config", ["256,64,8,4,a,g", "256,64,8,5,g", "128,64,8,5,g,h2"])
 def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
     """The Hopper Gluon kernel (fast/_nvfp4_gluon.py) on a ragged 3 x 333 batch and on the
     seed cases: every element within rounding of the float64 oracle, and the full check

@@ -34,7 +34,7 @@ def _rows(out: str) -> list[list[str]]:
     return [line.split() for line in out.splitlines() if line and not line.startswith("kernel")]
 
 
-@pytest.mark.parametrize("configs", ["256,64,4;256,64,5"])
+@pytest.mark.parametrize("configs", ["256,64,4,1,1;256,64,5"])
 def test_op_b_gluon_kernel_compiles_for_sm90(configs):
     rows = _rows(_compile("--gluon", configs, "--tokens", "512"))
     assert len(rows) == len(configs.split(";")), rows

@@ -135,6 +135,7 @@ def _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr,
     else:
         gs = gs_v
     E4: gl.constexpr = gl.BlockedLayout([1, HPT, 2, 32], [16, 1, 1, 2], [num_warps, 1, 1, 1], [3, 2, 1, 0])
+    # 2^8: the decode's offset (see _decode_words)
     t = gl.convert_layout(gl.reshape(acc, [BM, HPT, 2, HALF]), E4) * (gs * 256.0)
     # index vectors, each expanded to a broadcastable 4-D shape
     tok = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, E4))))
@@ -198,8 +199,12 @@ def nvfp4_qkv_rope_gluon_kernel(
         q_out, k_out, v_out, M, S,
         K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
         BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
-        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
-    """Single-partition version: every warp decodes, then every warpgroup issues its MMA."""
+        W_AS_A: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+    """Every warp decodes its share of the weight tile, then every warpgroup issues its
+    MMA. W_AS_A: the product is computed transposed, acc^T [BN, BM] = W x^T, so that the
+    wgmma's N is the BM tokens (256) rather than one head (128): per FLOP the tensor
+    cores then read fewer operand bytes from shared memory, whose bandwidth the x copies,
+    the weight stores and the MMA operands share."""
     BN: gl.constexpr = HPT * 128                  # HPT whole heads per program
     NK: gl.constexpr = K // BK
     NB: gl.constexpr = BK // 16                   # scale blocks per K step
@@ -208,8 +213,14 @@ def nvfp4_qkv_rope_gluon_kernel(
     # within one step of each other, so step k may only reuse what step k-3 read.
     AHEAD: gl.constexpr = STAGES - 3
     WSLOTS: gl.constexpr = 3
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 16])
+    if W_AS_A:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BM, 16])
+        acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    else:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 16])
+        acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
     h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
@@ -226,7 +237,6 @@ def nvfp4_qkv_rope_gluon_kernel(
         mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
 
-    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     # codes and scales are loaded two steps before their decode (registers carried by
     # the loop), so that their global-memory latency hides behind two steps of work
     codes_1 = gl.load(c_ptrs)
@@ -242,12 +252,12 @@ def nvfp4_qkv_rope_gluon_kernel(
         codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
         sbits_2 = gl.load(s_ptrs + ahead * NB)
         # decode step kk while the MMA of step kk-1 runs
-        w = _decode_step(codes, sbits, BN, BK)
-        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
-            w = gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE)
         # this weight slot and the x slot refilled below were last read by the MMA of
         # step kk-3, finished in every warpgroup (see AHEAD)
-        w_smem.index(kk % WSLOTS).store(w)
+        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
+            w_smem.index(kk % WSLOTS).store(gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE))
+        else:
+            w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
         nxt = kk + AHEAD
         if nxt < NK:
             mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
@@ -257,113 +267,20 @@ def nvfp4_qkv_rope_gluon_kernel(
         gl.thread_barrier()                       # every warp's part of the tile is written
         mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
         if PROBE != 2:          # timing probe 2: no tensor-core work
-            acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
-                                is_async=True)
+            if W_AS_A:
+                acc = warpgroup_mma(w_smem.index(kk % WSLOTS), x_smem.index(kk % STAGES).permute((1, 0)), acc,
+                                    is_async=True)
+            else:
+                acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
+                                    is_async=True)
             acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
+    if W_AS_A:
+        acc = gl.permute(acc, (1, 0))
     _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
               q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
-
-
-# --------------------------------------------------------------------------- warp-specialized
-@gluon.jit
-def _ws_mma_partition(x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM: gl.constexpr, BN: gl.constexpr,
-                      NK: gl.constexpr, SLOTS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-                      HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition (the kernel's warps): wait for a slot's x tile (TMA) and weight
-    tile (decode partition), issue the asynchronous wgmma, and once the MMA of the
-    previous step has finished in both warpgroups hand that slot back; then the
-    epilogue (``epi``: its run-time arguments; Triton 3.6 cannot return the accumulator
-    from a partition)."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BN, 16])
-    acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
-    for kk in range(NK):
-        slot = kk % SLOTS
-        phase = (kk // SLOTS) & 1
-        mbarrier.wait(x_ready.index(slot), phase)
-        mbarrier.wait(w_ready.index(slot), phase)
-        acc = warpgroup_mma(x_smem.index(slot), w_smem.index(slot).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        gl.thread_barrier()                       # both warpgroups are done with step kk-1
-        mbarrier.arrive(slot_free.index((kk + SLOTS - 1) % SLOTS), pred=kk > 0)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S) = epi
-    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
-
-
-@gluon.jit
-def _ws_decode_partition(x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0, off_m,
-                         K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
-                         SLOTS: gl.constexpr, DECODE_WARPS: gl.constexpr):
-    """Worker partition: for each K step, once its slot is free, start the TMA copy of
-    the x tile and decode the weight tile into the slot (codes and scales loaded two
-    steps ahead), then signal the MMA partition."""
-    NK: gl.constexpr = K // BK
-    c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, DECODE_WARPS)
-    codes_1 = gl.load(c_ptrs)
-    sbits_1 = gl.load(s_ptrs)
-    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
-    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
-    for kk in range(NK):
-        slot = kk % SLOTS
-        # the slot's previous contents (step kk - SLOTS) must have been consumed
-        mbarrier.wait(slot_free.index(slot), ((kk // SLOTS) + 1) & 1, pred=kk >= SLOTS)
-        mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, kk * BK], x_ready.index(slot), x_smem.index(slot))
-        codes = codes_1
-        sbits = sbits_1
-        codes_1 = codes_2
-        sbits_1 = sbits_2
-        ahead = gl.minimum(kk + 2, NK - 1)
-        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
-        sbits_2 = gl.load(s_ptrs + ahead * NB)
-        w_smem.index(slot).store(_decode_step(codes, sbits, BN, BK))
-        fence_async_shared()
-        gl.thread_barrier()                       # the whole tile is written (this partition's warps)
-        mbarrier.arrive(w_ready.index(slot))
-
-
-@gluon.jit
-def nvfp4_qkv_rope_gluon_ws_kernel(
-        x_desc, cos_ptr, sin_ptr,
-        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, M, S,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
-        GS_FROM_PTR: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-        num_warps: gl.constexpr):
-    """Warp-specialized version: the kernel's warps only issue MMAs (and run the
-    epilogue); DECODE_WARPS extra warps decode the weights and start the x copies,
-    STAGES slots (x tile + weight tile) ahead. The timing probes showed that in one
-    partition the decode and the MMAs of a step barely overlap (each alone takes about
-    two thirds of the whole)."""
-    BN: gl.constexpr = HPT * 128
-    NK: gl.constexpr = K // BK
-    NB: gl.constexpr = BK // 16
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-                                           HQ, HKV, BM, HPT)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], W_SMEM)
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    slot_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(slot_free.index(i), count=1)
-    epi = (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S)
-    gl.warp_specialize([
-        (_ws_mma_partition, (x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM, BN, NK, STAGES, HQ, HKV, HPT,
-                             GS_FROM_PTR, num_warps)),
-        (_ws_decode_partition, (x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0,
-                                off_m, K, BN, BK, NB, STAGES, DECODE_WARPS)),
-    ], [DECODE_WARPS], [DECODE_REGS])
 
 
 def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool:
@@ -373,21 +290,18 @@ def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool
 
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
-           block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, num_warps: int = 8,
-           decode_warps: int = 0, decode_regs: int = 80, probe: int = 0):
+           block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, w_as_a: bool = False,
+           num_warps: int = 8, probe: int = 0):
     """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
-    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``decode_warps`` > 0: the
-    warp-specialized kernel with that many decode warps (``decode_regs`` registers each).
-    ``probe`` (single-partition kernel, timing experiments only, wrong outputs): 1
-    replaces the decode by a constant tile, 2 skips the tensor-core products."""
+    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
+    product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
+    experiments only, wrong outputs): 1 replaces the decode by a constant tile, 2 skips
+    the tensor-core products."""
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
-    args = (x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
-            outs[0], outs[1], outs[2], m, seq)
-    meta = dict(K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
-                GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)
-    if decode_warps:
-        nvfp4_qkv_rope_gluon_ws_kernel[grid](*args, DECODE_WARPS=decode_warps, DECODE_REGS=decode_regs, **meta)
-    else:
-        nvfp4_qkv_rope_gluon_kernel[grid](*args, PROBE=probe, **meta)
+    nvfp4_qkv_rope_gluon_kernel[grid](
+        x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
+        outs[0], outs[1], outs[2], m, seq,
+        K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
+        W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)

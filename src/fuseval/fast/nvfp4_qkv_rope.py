@@ -476,13 +476,12 @@ class KernelConfig:
 
 
 # Tile table for Hopper (H200), by the number of tokens M = B*S: (largest M, config).
-# Chosen by benchmarks/sweep_nvfp4_qkv_rope.py on an H200 (benchmarks/notes_nvfp4_qkv_rope.md):
-# the Gluon kernel (fast/_nvfp4_gluon.py) with 256-token tiles, which halve the FP4 decode
-# work per FLOP against 128-token ones; it measured 4-12% faster than the Triton kernel's
-# best config at every size (4 x-tile slots up to 512 tokens, 5 above).
+# Chosen by benchmarks/sweep_nvfp4_qkv_rope.py and benchmarks/probe_nvfp4_gluon.py on an
+# H200 (benchmarks/notes_nvfp4_qkv_rope.md): the Gluon kernel (fast/_nvfp4_gluon.py) with
+# 256-token tiles, which halve the FP4 decode work per FLOP against 128-token ones, and
+# the transposed product (a: tokens as the wgmma's N, less shared-memory traffic).
 H200_CONFIGS: list[tuple[int, KernelConfig]] = [
-    (512, KernelConfig(256, 64, 8, 4, gluon=True)),
-    (1 << 62, KernelConfig(256, 64, 8, 5, gluon=True)),
+    (1 << 62, KernelConfig(256, 64, 8, 4, w_as_a=True, gluon=True)),
 ]
 # Where a Gluon config cannot run (not sm_90, head_dim != 128, a mutant or a stage tap),
 # the Triton kernel takes this config of the same tile height instead.
@@ -650,7 +649,7 @@ def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
         _nvfp4_gluon.launch(x.view(m, -1), cos, sin, [u8(t) for t in (wq, wk, wv)],
                             [u8(t) for t in (sq, sk, sv)], gs_args, gs_from_ptr, qn, kn, eps,
                             result, m, s, hq, hkv, block_m=cfg.block_m, block_k=cfg.block_k,
-                            stages=cfg.num_stages, heads_per_tile=plan.consts["HPT"],
+                            stages=cfg.num_stages, heads_per_tile=plan.consts["HPT"], w_as_a=cfg.w_as_a,
                             num_warps=cfg.num_warps)
         return result
     _nvfp4_qkv_rope_kernel[plan.grid](
