@@ -46,6 +46,15 @@ Design, and why:
   interpreter's fp32 -> bf16 cast truncates, so ``_to_bf16`` rounds to nearest even there
   by hand (the compiled cast already does).
 
+* **Hopper: a Gluon kernel.** On an sm_90 GPU the production call (``forward`` with the
+  default table, head_dim 128) runs ``fast/_nvfp4_gluon.py`` instead: the same decode and
+  epilogue arithmetic, but with explicit layouts, so that the decoded tile goes straight
+  into the swizzled shared-memory layout the tensor cores read (no second shuffle), x
+  arrives by TMA, and the product is transposed (tokens as the wgmma's N). Mutants,
+  stage taps, other head sizes and the interpreter use the Triton kernel below (the
+  tests run both; ``TRITON_FOR_GLUON`` picks its config). Measured and explained in
+  benchmarks/notes_nvfp4_qkv_rope.md.
+
 The module also carries the stage-tap protocol (``forward.staged``): the same decode,
 GEMM, norm and RoPE code run as separate launches that expose each SPEC stage, and
 deliberately broken *mutants* of the fused kernel (constexpr ``MUTANT``) that the tests
