@@ -90,6 +90,26 @@ def _report(before: set[str]):
     return rows
 
 
+HEADER = f"{'kernel':10s} {'variant':18s} {'smem KB':>8s} {'regs':>5s} {'spill B':>8s} {'wgmma':>6s}  compile s"
+SMEM_LIMIT = 232448                               # bytes of shared memory per block on an H200
+
+
+def _compile_and_report(kind: str, name: str, compile_fn) -> None:
+    """Run ``compile_fn`` (which compiles one or more kernels into the cache) and print a
+    row per kernel it added; a compile error is printed as a row too (it is a result)."""
+    before = set(glob.glob(os.path.join(CACHE, "*")))
+    t0 = time.time()
+    try:
+        compile_fn()
+    except Exception as exc:  # noqa: BLE001 - a failed variant is a result
+        print(f"{kind:10s} {name:18s} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        return
+    for row in _report(before):
+        fits = "" if row[1] <= SMEM_LIMIT else "  (does not fit: > 227 KB)"
+        print(f"{kind:10s} {name:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
+              f"  {time.time() - t0:.1f}{fits}", flush=True)
+
+
 def _nvfp4(configs: list[str], tokens: int) -> None:
     """Op B: compile the fused kernel for each 'BM,BK,WARPS,STAGES[,flags]' config."""
     from fuseval.definitions import load
@@ -99,21 +119,12 @@ def _nvfp4(configs: list[str], tokens: int) -> None:
     inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device=torch.device("cpu"))
     for text in configs:
         cfg = F.KernelConfig.parse(text)
-        before = set(glob.glob(os.path.join(CACHE, "*")))
-        t0 = time.time()
         plan = F._plan(inputs, 0, cfg, 0, False, False)
         plan.consts["INTERP"] = False
         if cfg.block_k % 64 == 0:
             plan.consts["SCALE_I32"] = True
-        try:
-            F._nvfp4_qkv_rope_kernel.warmup(*_nvfp4_args(F, inputs), grid=plan.grid, GS_FROM_PTR=False,
-                                            **plan.consts)
-        except Exception as exc:  # noqa: BLE001
-            print(f"{'nvfp4':10s} {text:18s} FAILED {type(exc).__name__}: {str(exc)[:300]}", flush=True)
-            continue
-        for row in _report(before):
-            print(f"{'nvfp4':10s} {text:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
-                  f"  {time.time() - t0:.1f}", flush=True)
+        _compile_and_report("nvfp4", text, lambda: F._nvfp4_qkv_rope_kernel.warmup(
+            *_nvfp4_args(F, inputs), grid=plan.grid, GS_FROM_PTR=False, **plan.consts))
 
 
 def _nvfp4_args(F, inputs):
@@ -137,21 +148,12 @@ def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     out = torch.empty(1, dtype=torch.bfloat16)
     for text in configs:
         bm, bk, stages, hpt, w_as_a = (int(v) for v in (text + ",1,0").split(",")[:5])
-        before = set(glob.glob(os.path.join(CACHE, "*")))
-        t0 = time.time()
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
         x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
-        try:
-            G.nvfp4_qkv_rope_gluon_kernel.warmup(
-                x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
-                out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
-                HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=8, grid=(1,))
-        except Exception as exc:  # noqa: BLE001
-            print(f"{'gluon':10s} {text:18s} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
-            continue
-        for row in _report(before):
-            print(f"{'gluon':10s} {text:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
-                  f"  {time.time() - t0:.1f}", flush=True)
+        _compile_and_report("gluon", text, lambda: G.nvfp4_qkv_rope_gluon_kernel.warmup(
+            x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
+            out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
+            HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=8, grid=(1,)))
 
 
 def main():
@@ -162,11 +164,11 @@ def main():
     ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A]]', ';'-separated")
     args = ap.parse_args()
     _install_driver()
+    print(HEADER)
     if args.gluon:
         _nvfp4_gluon(args.gluon.split(";"), args.tokens)
         return
     if args.nvfp4:
-        print(f"{'kernel':10s} {'variant':18s} {'smem KB':>8s} {'regs':>5s} {'spill B':>8s} {'wgmma':>6s}  compile s")
         _nvfp4(args.nvfp4.split(";"), args.tokens)
         return
     from fuseval.fast import qwen2vl_decoder_layer as F
@@ -178,23 +180,16 @@ def main():
     act = B.make_activations(1, args.tokens, "cpu", empty=True)
     sh = F._shape_of(B.inputs_of(W, act))
     only = set(filter(None, args.only.split(",")))
-    print(f"{'kernel':10s} {'variant':18s} {'smem KB':>8s} {'regs':>5s} {'spill B':>8s} {'wgmma':>6s}  compile s")
     for kind, variants in B.variant_space().items():
         if only and kind not in only:
             continue
         for name, cfg in variants.items():
             plan = F.plan_for(sh, torch.device("cuda"), "tf32", tuning=B.tuning_for(kind, cfg))
-            before = set(glob.glob(os.path.join(CACHE, "*")))
-            t0 = time.time()
-            try:
+
+            def compile_kernel():
                 with F.compile_only():
                     B.kernel_calls(W, act, plan)[kind]()
-                for row in _report(before):
-                    fits = "" if row[1] <= 232448 else "  (does not fit: > 227 KB)"
-                    print(f"{kind:10s} {name:18s} {row[1] / 1024:8.1f} {row[2]:5d} {row[3]:8d} {row[4]:6d}"
-                          f"  {time.time() - t0:.1f}{fits}", flush=True)
-            except Exception as exc:  # noqa: BLE001 - a failed variant is a result
-                print(f"{kind:10s} {name:18s} FAILED {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+            _compile_and_report(kind, name, compile_kernel)
 
 
 if __name__ == "__main__":

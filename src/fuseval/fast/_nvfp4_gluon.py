@@ -33,20 +33,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+# the same bit-level decode and head selection as the Triton kernel (triton.jit helpers)
+from .nvfp4_qkv_rope import _e4m3_f32, _head_weights, _nibble_f32
+
 HEAD_DIM = 128
-
-
-@gluon.jit
-def _nibble_f32(v, I: gl.constexpr):
-    """Code I (bits 4I..4I+3) of uint32 words v -> fp32 = e2m1 value * 2^-126: the
-    magnitude bits go to fp32 bits 24..22 and the sign to bit 31 (as in
-    nvfp4_qkv_rope._nibble_f32); two shifts and two logic ops per code."""
-    if 4 * I <= 22:
-        mag = (v << (22 - 4 * I)) & 0x01C00000
-    else:
-        mag = (v >> (4 * I - 22)) & 0x01C00000
-    sign = (v << (28 - 4 * I)) & 0x80000000
-    return (mag | sign).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -68,34 +58,14 @@ def _decode_words(v, scale):
 
 
 @gluon.jit
-def _e4m3_f32(sb):
-    """e4m3 bytes (int32) -> fp32 = value * 2^118; NaN for the e4m3 NaN code."""
-    s = ((((sb & 0x7F) << 20) | ((sb & 0x80) << 24)).to(gl.uint32)).to(gl.float32, bitcast=True)
-    s = (s * 6.64613997892458e+35) * 6.64613997892458e+35        # 2^119, twice
-    return gl.where((sb & 0x7F) == 0x7F, float("nan"), s)
-
-
-@gluon.jit
 def _tile(pid, wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr, HQ: gl.constexpr, HKV: gl.constexpr,
           BM: gl.constexpr, HPT: gl.constexpr):
     """The program's tile: first head h (heads vary fastest, so the tiles in flight share
     their x rows in L2), first token, and where its weights' codes and scales start."""
-    D: gl.constexpr = 128
     NT: gl.constexpr = HQ + 2 * HKV
     h = (pid % (NT // HPT)) * HPT
     off_m = (pid // (NT // HPT)) * BM
-    if h < HQ:
-        w_base = wq_ptr
-        s_base = sq_ptr
-        row0 = h * D
-    elif h < HQ + HKV:
-        w_base = wk_ptr
-        s_base = sk_ptr
-        row0 = (h - HQ) * D
-    else:
-        w_base = wv_ptr
-        s_base = sv_ptr
-        row0 = (h - HQ - HKV) * D
+    w_base, s_base, row0 = _head_weights(h, wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr, HQ, HKV, 128, False)
     return h, off_m, w_base, s_base, row0
 
 

@@ -128,14 +128,41 @@ def _decode_nvfp4(words, scale_bits, R: tl.constexpr, BK: tl.constexpr, SWAP_NIB
     else:
         w = tl.join(even, odd)
     w = tl.reshape(w, [R, BK // 16, 16])
-    # e4m3 s.eeee.mmm -> fp32 bits s.0000eeee.mmm0... (= value * 2^-120, e4m3 subnormals
-    # becoming fp32 subnormals); * 2^119 * 2^119 gives value * 2^118, so that the product
-    # with the nibble's value * 2^-126 is value * scale * 2^-8, a normal fp32 number
-    sb = scale_bits.to(tl.int32)
+    return tl.reshape(w * _e4m3_f32(scale_bits.to(tl.int32))[:, :, None], [R, BK])
+
+
+@triton.jit
+def _e4m3_f32(sb):
+    """e4m3 bytes (int32) -> fp32 = value * 2^118: s.eeee.mmm goes to fp32 bits
+    s.0000eeee.mmm0... (= value * 2^-120, e4m3 subnormals becoming fp32 subnormals), then
+    * 2^119 * 2^119, so that the product with a nibble's value * 2^-126 (_nibble_f32) is
+    value * scale * 2^-8, a normal fp32 number. s.1111.111 is e4m3's only NaN."""
     s = ((((sb & 0x7F) << 20) | ((sb & 0x80) << 24)).to(tl.uint32)).to(tl.float32, bitcast=True)
     s = (s * 6.64613997892458e+35) * 6.64613997892458e+35        # 2^119, twice
-    s = tl.where((sb & 0x7F) == 0x7F, float("nan"), s)   # s.1111.111 is e4m3's only NaN
-    return tl.reshape(w * s[:, :, None], [R, BK])
+    return tl.where((sb & 0x7F) == 0x7F, float("nan"), s)
+
+
+@triton.jit
+def _head_weights(h, wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr, HQ: tl.constexpr, HKV: tl.constexpr,
+                  D: tl.constexpr, KV_SHIFT: tl.constexpr):
+    """Which projection global head h belongs to: the code and scale tensors and the first
+    weight row of the head. KV_SHIFT (mutant): k head i takes the rows of k head i+1."""
+    if h < HQ:
+        w_base = wq_ptr
+        s_base = sq_ptr
+        row0 = h * D
+    elif h < HQ + HKV:
+        w_base = wk_ptr
+        s_base = sk_ptr
+        if KV_SHIFT:
+            row0 = ((h - HQ + 1) % HKV) * D
+        else:
+            row0 = (h - HQ) * D
+    else:
+        w_base = wv_ptr
+        s_base = sv_ptr
+        row0 = (h - HQ - HKV) * D
+    return w_base, s_base, row0
 
 
 @triton.jit
@@ -211,22 +238,8 @@ def _nvfp4_qkv_rope_kernel(
     h = (pid % NTILES) * HPT             # the tile's first head
     pid_m = pid // NTILES
 
-    # which projection this head belongs to, and where its weight rows start
-    if h < HQ:
-        w_base = wq_ptr
-        s_base = sq_ptr
-        row0 = h * D
-    elif h < HQ + HKV:
-        w_base = wk_ptr
-        s_base = sk_ptr
-        if MUTANT == 7:
-            row0 = ((h - HQ + 1) % HKV) * D
-        else:
-            row0 = (h - HQ) * D
-    else:
-        w_base = wv_ptr
-        s_base = sv_ptr
-        row0 = (h - HQ - HKV) * D
+    w_base, s_base, row0 = _head_weights(h, wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr, HQ, HKV, D,
+                                         MUTANT == 7)
     # packed codes are read as int32 words (8 codes), scales as bytes or int32 words (4 blocks)
     w_base = w_base.to(tl.pointer_type(tl.int32))
     if SCALE_I32:
