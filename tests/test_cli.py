@@ -20,7 +20,7 @@ import torch
 from fuseval import cli
 from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_IMPL_RAISED,
                             EXIT_IMPORT_ERROR, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_OK,
-                            EXIT_UNKNOWN_OPERATOR, EXIT_USAGE)
+                            EXIT_UNKNOWN_OPERATOR, EXIT_USAGE, NoDeviceError, UnknownOperatorError)
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -232,6 +232,23 @@ def test_device_cuda_without_a_gpu(capsys):
     rc, _, err = fuseval(capsys, "check", "--op", OP_A, "--impl", "torch", "--device", "cuda")
     assert rc == EXIT_NO_DEVICE
     assert_clean_error(err, "cuda", "no CUDA device")
+
+
+@pytest.mark.parametrize("error, code", [
+    (UnknownOperatorError("no such thing"), EXIT_UNKNOWN_OPERATOR),
+    (NoDeviceError("nothing here"), EXIT_NO_DEVICE),
+    (ValueError("unknown operator mentioned, but a plain ValueError"), EXIT_USAGE),
+], ids=["unknown_operator", "no_device", "plain_value_error"])
+def test_exit_code_follows_the_error_type_not_its_wording(capsys, monkeypatch, error, code):
+    """Messages get reworded; the exit code a CI system branches on must not move with them."""
+    from fuseval.commands import check as check_command
+
+    def raising(args):
+        raise error
+    monkeypatch.setattr(check_command, "run", raising)
+    rc, _, err = fuseval(capsys, "check", "--op", OP_A)
+    assert rc == code
+    assert_clean_error(err, str(error))
 
 
 @pytest.mark.parametrize("argv, needles", [

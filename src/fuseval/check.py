@@ -31,7 +31,7 @@ import torch
 
 from . import ops as _ops
 from .definitions import Case, Definition, Tolerance
-from .errors import VIOLATION_EXIT
+from .errors import VIOLATION_EXIT, NoDeviceError
 from .inputs import generate_inputs
 from .validate import bind_axes, check_outputs_shape
 
@@ -299,7 +299,7 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but torch sees no CUDA device "
+        raise NoDeviceError("device 'cuda' was requested but torch sees no CUDA device "
                          f"(torch {torch.__version__}); use --device cpu")
     return device
 

@@ -13,7 +13,8 @@ import os
 import sys
 import traceback
 
-from .errors import EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_UNKNOWN_OPERATOR, EXIT_USAGE, FusevalError
+from .errors import (EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_USAGE, FusevalError, NoDeviceError,
+                     UnknownOperatorError)
 
 # name -> one-line help; the module fuseval.commands.<name> implements it
 COMMANDS = {
@@ -45,17 +46,16 @@ def build_parser() -> tuple[argparse.ArgumentParser, dict]:
 
 
 def _value_error_exit_code(exc: Exception) -> int | None:
-    """The exit code of a ValueError a user can fix (bad input), None for anything else."""
+    """The exit code of an error a user can fix (bad input), None for anything else: the
+    typed ones carry their own code, any other ValueError is a usage error."""
     from .ops import ImplementationError
     if isinstance(exc, ImplementationError):
         return EXIT_IMPORT_ERROR
-    if not isinstance(exc, ValueError):
-        return None
-    if "unknown operator" in str(exc):
-        return EXIT_UNKNOWN_OPERATOR
-    if "no CUDA device" in str(exc):
-        return EXIT_NO_DEVICE
-    return EXIT_USAGE
+    if isinstance(exc, (UnknownOperatorError, NoDeviceError)):
+        return exc.exit_code
+    if isinstance(exc, ValueError):
+        return EXIT_USAGE
+    return None
 
 
 def main(argv=None) -> int:

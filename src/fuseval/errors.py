@@ -46,3 +46,14 @@ class FusevalError(Exception):
     def __init__(self, message: str, exit_code: int = EXIT_USAGE):
         super().__init__(message)
         self.exit_code = exit_code
+
+
+class UnknownOperatorError(ValueError):
+    """An operator name no definition file has; the CLI exits with EXIT_UNKNOWN_OPERATOR.
+    (A ValueError, so callers of the Python API that catch bad input keep working.)"""
+    exit_code = EXIT_UNKNOWN_OPERATOR
+
+
+class NoDeviceError(ValueError):
+    """A CUDA device was asked for and torch sees none; the CLI exits with EXIT_NO_DEVICE."""
+    exit_code = EXIT_NO_DEVICE

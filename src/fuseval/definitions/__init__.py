@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any, Mapping, Sequence
 
+from ..errors import UnknownOperatorError
+
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
     "load", "list_operators", "evaluate_expression", "axes_label",
@@ -342,7 +344,7 @@ def load(name: str, config: str | Mapping[str, int] = "seed") -> Definition:
     if name not in _CACHE:
         known = list_operators()
         if name not in known:
-            raise ValueError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
+            raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
         text = resources.files(__name__).joinpath(name + ".json").read_text()
         _CACHE[name] = _parse(json.loads(text))
     d = _CACHE[name]
