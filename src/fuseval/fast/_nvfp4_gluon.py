@@ -3,29 +3,29 @@
 Why a second kernel: in the Triton kernel (``nvfp4_qkv_rope._nvfp4_qkv_rope_kernel``) the
 compiler picks the layouts. The decoded weight tile comes out of the FP4 decode in one
 register layout, the tensor cores want another, and the compiler bridges them with a
-round trip through shared memory and a wait on the previous MMA in every K step; the
-kernel runs at about half the bf16 tensor-core rate. Here the layouts are ours:
+round trip through shared memory in every K step. Here the layouts are ours:
 
 * x tiles [BM, BK] arrive by TMA into a ring of ``STAGES`` shared-memory slots (mbarrier
   per slot), ``STAGES - 3`` steps ahead of the MMA.
-* Each K step every thread loads 16 contiguous code bytes (four 32-bit words) and its two
-  e4m3 scales of one weight row straight from global memory, decodes them in registers
-  (the same exact bit arithmetic as the Triton kernel, on whole words: ``code * scale *
-  2^-8`` in fp32, then bf16) and
-  writes 32 contiguous bf16 values into one of three shared-memory weight slots, already
-  in the swizzled layout the tensor cores read. No second pass over the tile.
-* The wgmma of step k is issued asynchronously and only waited for (at most one in
-  flight) after the decode of step k + 1 has been written, so the decode of one step
-  overlaps the tensor-core work of the previous one.
-* One program = BM tokens x one head (128 columns); the epilogue applies the global
-  scale, the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
+* Each K step every thread loads 16 contiguous code bytes (four 32-bit words) and the two
+  e4m3 scales of one weight row straight from global memory, two steps ahead, decodes
+  them in registers with the Triton kernel's own exact bit arithmetic (``code * scale *
+  2^-8`` in fp32, then bf16) and writes 32 contiguous bf16 values into one of three
+  weight slots, already in the swizzled layout the tensor cores read.
+* The wgmma of step k is issued asynchronously and waited for (at most one in flight)
+  after the decode of step k + 1 has been written, so decode and MMAs can overlap.
+* ``W_AS_A`` computes the product transposed (acc^T = W x^T): the wgmma's N is then the
+  BM tokens instead of one head's 128 columns, which lowers the shared-memory traffic per
+  FLOP (the production setting on the H200).
+* One program = BM tokens x ``HPT`` whole heads; the epilogue applies the global scale,
+  the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
 
-Scope: head_dim 128, hidden_size a multiple of BK, on sm_90. Everything else (and the
-interpreter, and the mutants) uses the Triton kernel; ``nvfp4_qkv_rope`` decides.
+Scope: head_dim 128, hidden_size a multiple of 64, sm_90, production calls. Everything
+else (the interpreter, mutants, stage taps) runs the Triton kernel; ``nvfp4_qkv_rope``
+decides. Where the time goes, and what was tried: benchmarks/notes_nvfp4_qkv_rope.md.
 """
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -36,7 +36,6 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 # the same bit-level decode and head selection as the Triton kernel (triton.jit helpers)
 from .nvfp4_qkv_rope import _e4m3_f32, _head_weights, _nibble_f32
 
-HEAD_DIM = 128
 
 
 @gluon.jit
@@ -251,12 +250,6 @@ def nvfp4_qkv_rope_gluon_kernel(
         acc = gl.permute(acc, (1, 0))
     _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
               q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
-
-
-def supported(x: torch.Tensor, hidden: int, head_dim: int, block_k: int) -> bool:
-    """Whether this kernel covers the call (else the Triton kernel runs)."""
-    return (x.is_cuda and torch.cuda.get_device_capability(x.device)[0] == 9 and head_dim == HEAD_DIM
-            and hidden % block_k == 0 and block_k % 32 == 0)
 
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
