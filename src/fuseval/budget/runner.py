@@ -247,6 +247,16 @@ class _CaseRunner:
         r.impl_storage = storage_precision(tap)
         r.precision = finer(r.impl_storage, r.dtype)
 
+    def _stage_metrics(self, r: StageResult, which: str, tap: torch.Tensor, oracle: torch.Tensor,
+                       seconds: dict) -> None:
+        """Set ``r.<which>`` (propagated / local) to the tap's error metrics against the
+        oracle in the stage's precision; a tap that cannot be compared becomes a message."""
+        try:
+            setattr(r, which, self._timed(seconds, "metrics", lambda: error_metrics(
+                tap, oracle, r.precision, hist=True)))
+        except ValueError as exc:
+            r.messages.append(f"{which} tap: {exc}")
+
     def _staged_passes(self, inputs, oracle_taps, oracle_out, produced, results, e2e, seconds, messages) -> bool:
         """Propagated, local and downstream passes of a staged implementation. Returns
         True when one of its runs raised."""
@@ -270,11 +280,7 @@ class _CaseRunner:
                                   "the staged implementation wrote no tap for this stage")
                 continue
             self._precision_of(r, prop[name])
-            try:
-                r.propagated = self._timed(seconds, "metrics", lambda: error_metrics(
-                    prop[name], oracle_taps[name], r.precision, hist=True))
-            except ValueError as exc:
-                r.messages.append(f"propagated tap: {exc}")
+            self._stage_metrics(r, "propagated", prop[name], oracle_taps[name], seconds)
         # local: stage k fed every earlier stage's oracle tap, rounded to the precision the
         # implementation stores that stage in (what its stage k reads in production: e.g.
         # TF32-rounded activations, which a TF32 dot then reads exactly), stopped right
@@ -299,11 +305,7 @@ class _CaseRunner:
                 continue
             if r.precision is None:
                 self._precision_of(r, taps[name])
-            try:
-                r.local = self._timed(seconds, "metrics", lambda: error_metrics(
-                    taps[name], oracle_taps[name], r.precision, hist=True))
-            except ValueError as exc:
-                r.messages.append(f"local tap: {exc}")
+            self._stage_metrics(r, "local", taps[name], oracle_taps[name], seconds)
             del taps
         del fed
         # downstream: the implementation up to stage k, the float64 oracle after
