@@ -54,7 +54,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
@@ -263,7 +265,6 @@ TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/q
 def _table_from_file(path: str) -> tuple[dict, dict]:
     """(GPU_TABLE, GPU_ATTENTION) from a JSON file {kind: {size: {"config": {...},
     "heads_per_tile": n}}}: sizes are token counts, for "attention" sequence lengths."""
-    import json
     with open(path) as f:
         raw = json.load(f)
     table: dict[str, dict[int, Any]] = {}
@@ -282,7 +283,6 @@ def _table_from_file(path: str) -> tuple[dict, dict]:
 
 
 def _gpu_tables() -> tuple[dict, dict]:
-    import os
     path = os.environ.get(TABLE_ENV)
     return _table_from_file(path) if path else (GPU_TABLE, GPU_ATTENTION)
 
