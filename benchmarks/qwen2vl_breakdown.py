@@ -149,7 +149,12 @@ def variant_space():
            "W128x256k64s2": G(128, 256, 64, 8, 2, True, True, True),
            # split-K for small M: more programs pulling the weights
            "t64x64k2": G(64, 64, 32, 4, 4, True, split_k=2), "t64x64k4": G(64, 64, 32, 4, 4, True, split_k=4),
-           "t64x128k4": G(64, 128, 32, 4, 4, True, split_k=4), "t64x64k8": G(64, 64, 32, 4, 4, True, split_k=8)}
+           "t64x128k4": G(64, 128, 32, 4, 4, True, split_k=4), "t64x64k8": G(64, 64, 32, 4, 4, True, split_k=8),
+           # split-K for the sizes between the table's rows, where a wave of 128 x 256 tiles
+           # is left part-empty (4096 tokens: 448 tiles = 3.4 waves of 132)
+           "t128x256s3k2": G(128, 256, 32, 8, 3, True, split_k=2),
+           "t128x256s3k3": G(128, 256, 32, 8, 3, True, split_k=3),
+           "t128x128s4k2": G(128, 128, 32, 8, 4, True, split_k=2)}
     gate_up = {"t64x128s4": G(64, 128, 32, 4, 4, True), "t64x128s5": G(64, 128, 32, 4, 5, True),
                "p64x128s5": G(64, 128, 32, 4, 5), "t64x128s4g16": G(64, 128, 32, 4, 4, True, GROUP_M=16),
                "t128x128s4": G(128, 128, 32, 8, 4, True), "t64x64s4": G(64, 64, 32, 4, 4, True),
@@ -167,7 +172,10 @@ def variant_space():
             "a128x32w8s2": AttnConfig(128, 32, 8, 2),
             "T128x64w8s2": AttnConfig(128, 64, 8, 2, True), "T128x32w8s3": AttnConfig(128, 32, 8, 3, True),
             "T128x32w8s4": AttnConfig(128, 32, 8, 4, True), "T64x64w4s3": AttnConfig(64, 64, 4, 3, True),
-            "T64x32w4s4": AttnConfig(64, 32, 4, 4, True)}
+            "T64x32w4s4": AttnConfig(64, 32, 4, 4, True),
+            # small enough for two programs per SM (one's softmax overlaps the other's products)
+            "T64x32w4s2": AttnConfig(64, 32, 4, 2, True), "T64x64w4s2": AttnConfig(64, 64, 4, 2, True),
+            "T64x32w4s3": AttnConfig(64, 32, 4, 3, True)}
     return {"o_proj": res, "down": res, "gate_up": gate_up, "qkv": qkv, "attention": attn}
 
 
@@ -177,7 +185,7 @@ def tuning_for(kind, cfg):
     return {kind: cfg}
 
 
-GEMM_M = [128, 512, 2048, 8192]
+GEMM_M = [128, 512, 1024, 2048, 3072, 4096, 8192]
 ATTN_BS = [(64, 128), (8, 373), (2, 1571), (1, 8192)]
 
 

@@ -240,24 +240,30 @@ class Plan:
 G = GemmConfig
 # Measured on one H200 (benchmarks/qwen2vl_breakdown.py --phases explore, which writes this
 # table as gpu_table.json; see benchmarks/notes_qwen2vl_decoder_layer.md): the fastest
-# tile of each kernel at M = 128, 512, 2048 and 8192 tokens; a call takes the nearest size
-# (log scale). Small M needs small tiles to occupy the 132 SMs (and split-K for the
-# 18944-long K of the down projection at 128 tokens); large M wants 128 x 256 tiles with
-# TMA, persistent and warp-specialized (producer/consumer warps) for the two MLP GEMMs.
+# tile of each kernel at M = 128, 512, 1024, 2048, 3072, 4096 and 8192 tokens; a call
+# takes the nearest size (log scale). Small M needs small tiles to occupy the 132 SMs
+# (and split-K for the 18944-long K of the down projection at 128 tokens); large M wants
+# 128 x 256 tiles with TMA. Where 128 x 256 tiles leave the last wave part-empty (down
+# projection: 448 tiles at 4096 tokens are 3.4 waves), split-K fills it. The sizes
+# between the old rows (1024, 3072, 4096) were added after the 1024-token case was found
+# running the 512-token tiles.
 # QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
 GPU_TABLE: dict[str, dict[int, Any]] = {
-    "qkv": {128: (1, G(64, 0, 32, 4, 4, True)), 512: (2, G(128, 0, 32, 8, 4, True)),
-            2048: (2, G(128, 0, 32, 8, 4, True)), 8192: (2, G(128, 0, 32, 8, 3, True))},
-    "o_proj": {128: G(64, 128, 32, 4, 4), 512: G(64, 128, 32, 4, 4),
-               2048: G(128, 256, 32, 8, 4, True), 8192: G(128, 256, 32, 8, 3)},
-    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(64, 128, 32, 4, 5, True),
-                2048: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16),
-                8192: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16)},
-    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(64, 128, 32, 4, 4, True),
-             2048: G(128, 256, 32, 8, 3, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
+    "qkv": {128: (1, G(64, 0, 32, 4, 4)), 512: (2, G(128, 0, 32, 8, 3)), 1024: (1, G(128, 0, 32, 8, 4, True)),
+            2048: (1, G(128, 0, 32, 8, 4, True)), 3072: (2, G(128, 0, 32, 8, 3, True)),
+            4096: (2, G(128, 0, 32, 8, 4, True)), 8192: (2, G(128, 0, 32, 8, 4, True))},
+    "o_proj": {128: G(64, 128, 32, 4, 4), 512: G(64, 128, 32, 4, 4), 1024: G(128, 256, 32, 8, 4, True, True, True),
+               2048: G(128, 256, 32, 8, 4, True), 3072: G(128, 256, 32, 8, 4, True),
+               4096: G(128, 256, 32, 8, 3, True, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
+    "gate_up": {128: G(64, 128, 32, 4, 5, True),
+                **{m: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16) for m in (512, 1024, 2048, 3072, 4096, 8192)}},
+    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(128, 256, 32, 8, 3, True, split_k=2),
+             1024: G(128, 256, 32, 8, 3, True, True, True), 2048: G(128, 256, 32, 8, 3, True, True, True),
+             3072: G(128, 256, 32, 8, 3, True, split_k=3), 4096: G(128, 256, 32, 8, 3, True, split_k=2),
+             8192: G(128, 256, 32, 8, 3, True, split_k=2)},
 }
-GPU_ATTENTION = {128: AttnConfig(128, 32, 8, 3, True), 373: AttnConfig(128, 32, 8, 3, True),  # by seq_len
-                 1571: AttnConfig(64, 64, 4, 3, True), 8192: AttnConfig(128, 64, 8, 2, True)}
+GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, True), 373: AttnConfig(128, 32, 8, 3, True),  # by seq_len
+                 1571: AttnConfig(64, 64, 4, 3, True), 8192: AttnConfig(64, 64, 4, 3, True)}
 TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/qwen2vl_breakdown.py writes one)
 
 
