@@ -252,3 +252,54 @@ def test_ieee_policy_is_near_fp32_on_the_gpu():
     inputs = generate_inputs(defn, case.axes, seed=4, device="cuda")
     m = compare(fast.forward(*inputs, precision="ieee")[0], reference(*inputs)[0], defn.tolerance)
     assert m.max_abs < 1e-3 and math.isfinite(m.max_abs)
+
+
+# --------------------------------------------------------------------------- CUDA graph replay
+def _graph_replay_properties() -> dict[str, bool]:
+    """Calls of 128 tokens go through fast.GRAPHS: eager, then captured, then replayed.
+    Returns which of the replay's promises held."""
+    from fuseval.fast._graphs import GraphCache
+    defn, case = _case("seed", 0)
+    assert case.axes["batch_size"] * case.axes["seq_len"] <= fast.GRAPH_MAX_TOKENS
+    inputs = generate_inputs(defn, case.axes, seed=8, device="cuda")
+    fast.GRAPHS.clear()
+    first = fast.forward(*inputs)[0]
+    captures = fast.GRAPHS.captures
+    second = fast.forward(*inputs)[0]
+    third = fast.forward(*inputs)[0]
+    kept = third.clone()
+    inputs[0].mul_(-0.5)                                   # changed in place: same address
+    changed = fast.forward(*inputs)[0]
+    other = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    other[0].normal_()                                     # a new tensor of the same shape
+    fresh = fast.forward(*other)[0]
+    fast.GRAPHS.clear()
+    ok = lambda out, ins: compare(out, reference(*ins)[0], defn.tolerance).passed
+    return {
+        "captured_once": fast.GRAPHS.captures == captures + 1 and isinstance(fast.GRAPHS, GraphCache),
+        "replay_equals_eager": torch.equal(first, second) and torch.equal(second, third),
+        "earlier_result_kept": torch.equal(third, kept),
+        "reads_changed_input": ok(changed, inputs),
+        "reads_other_input": ok(fresh, other),
+    }
+
+
+@gpu
+@pytest.mark.gpu
+def test_graph_replay_is_the_eager_computation():
+    assert _graph_replay_properties() == dict.fromkeys(
+        ["captured_once", "replay_equals_eager", "earlier_result_kept", "reads_changed_input",
+         "reads_other_input"], True)
+
+
+@gpu
+@pytest.mark.gpu
+def test_graph_replay_mutants_are_caught(monkeypatch):
+    """Mutants: outputs returned without a clone (the next replay overwrites a kept result),
+    and a key without addresses (a replay reads the tensors of the captured call)."""
+    from fuseval.fast._graphs import GraphCache
+    monkeypatch.setattr(fast, "GRAPHS", GraphCache(clone_outputs=False))
+    assert not _graph_replay_properties()["earlier_result_kept"]
+    monkeypatch.setattr(fast, "GRAPHS", GraphCache())
+    monkeypatch.setattr(fast, "tensor_key", lambda ts: tuple(tuple(t.shape) for t in ts))
+    assert not _graph_replay_properties()["reads_other_input"]
