@@ -154,7 +154,11 @@ def variant_space():
            # is left part-empty (4096 tokens: 448 tiles = 3.4 waves of 132)
            "t128x256s3k2": G(128, 256, 32, 8, 3, True, split_k=2),
            "t128x256s3k3": G(128, 256, 32, 8, 3, True, split_k=3),
-           "t128x128s4k2": G(128, 128, 32, 8, 4, True, split_k=2)}
+           "t128x128s4k2": G(128, 128, 32, 8, 4, True, split_k=2),
+           # g: the warp-specialized Gluon kernel (fast/_qwen2vl_gluon.py)
+           "g128x256s3": G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True),
+           "g128x256s4": G(128, 256, 32, 8, 4, GROUP_M=16, gluon=True),
+           "g128x128s4": G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True)}
     gate_up = {"t64x128s4": G(64, 128, 32, 4, 4, True), "t64x128s5": G(64, 128, 32, 4, 5, True),
                "p64x128s5": G(64, 128, 32, 4, 5), "t64x128s4g16": G(64, 128, 32, 4, 4, True, GROUP_M=16),
                "t128x128s4": G(128, 128, 32, 8, 4, True), "t64x64s4": G(64, 64, 32, 4, 4, True),
@@ -162,7 +166,9 @@ def variant_space():
                "W128x128s3": G(128, 128, 32, 8, 3, True, True, True),
                "W128x128s4": G(128, 128, 32, 8, 4, True, True, True),
                "W128x128k64s2": G(128, 128, 64, 8, 2, True, True, True),
-               "W128x128s3g16": G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16)}
+               "W128x128s3g16": G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16),
+               "g128x128s4g16": G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
+               "g128x128s3g16": G(128, 128, 32, 8, 3, GROUP_M=16, gluon=True)}
     # (heads per tile, config): the tile is BM tokens x heads*128 columns (BN is unused)
     qkv = {"t2m128s3": (2, G(128, 0, 32, 8, 3, True)), "t2m128s4": (2, G(128, 0, 32, 8, 4, True)),
            "p2m128s3": (2, G(128, 0, 32, 8, 3)), "t1m128s4": (1, G(128, 0, 32, 4, 4, True)),

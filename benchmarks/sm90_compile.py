@@ -102,7 +102,7 @@ def _compile_and_report(kind: str, name: str, compile_fn) -> None:
     try:
         compile_fn()
     except Exception as exc:  # noqa: BLE001 - a failed variant is a result
-        print(f"{kind:10s} {name:18s} FAILED {type(exc).__name__}: {str(exc)[:2000]}", flush=True)
+        print(f"{kind:10s} {name:18s} FAILED {type(exc).__name__}: {str(exc)[-3000:]}", flush=True)
         return
     for row in _report(before):
         fits = "" if row[1] <= SMEM_LIMIT else "  (does not fit: > 227 KB)"
@@ -147,13 +147,14 @@ def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     u8 = [t.view(torch.uint8) for t in (wq, sq, wk, sk, wv, sv)]
     out = torch.empty(1, dtype=torch.bfloat16)
     for text in configs:
-        bm, bk, stages, hpt, w_as_a = (int(v) for v in (text + ",1,0").split(",")[:5])
+        given = [int(v) for v in text.split(",")]
+        bm, bk, stages, hpt, w_as_a, warps = given + [1, 0, 8][len(given) - 3:]
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
         x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
         _compile_and_report("gluon", text, lambda: G.nvfp4_qkv_rope_gluon_kernel.warmup(
             x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
             out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
-            HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=8, grid=(1,)))
+            HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=warps, grid=(1,)))
 
 
 def main():
@@ -161,7 +162,7 @@ def main():
     ap.add_argument("--only", default="")
     ap.add_argument("--tokens", type=int, default=8192)
     ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
-    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A]]', ';'-separated")
+    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A[,WARPS]]]', ';'-separated")
     args = ap.parse_args()
     _install_driver()
     print(HEADER)

@@ -303,3 +303,40 @@ def test_graph_replay_mutants_are_caught(monkeypatch):
     monkeypatch.setattr(fast, "GRAPHS", GraphCache())
     monkeypatch.setattr(fast, "tensor_key", lambda ts: tuple(tuple(t.shape) for t in ts))
     assert not _graph_replay_properties()["reads_other_input"]
+
+
+# --------------------------------------------------------------------------- Gluon GEMM (sm_90)
+def _gluon_gemm_error(kind: str, swap_gate_up: bool = False) -> float:
+    """Max abs error of the Gluon kernel against a float64 product of the operands truncated
+    to TF32 (as the tensor cores read them), on a ragged M; output poisoned with NaN."""
+    dev = torch.device("cuda")
+    M, K, N = 300, 512, 768
+    a = torch.randn(M, K, device=dev)
+    w1, w2 = (torch.randn(N, K, device=dev) / math.sqrt(K) for _ in range(2))
+    res = torch.randn(M, N, device=dev)
+    out = torch.full((M, N), float("nan"), device=dev)
+    trunc = lambda t: (t.view(torch.int32) & -8192).view(torch.float32).double()
+    g, u = trunc(a) @ trunc(w1).T, trunc(a) @ trunc(w2).T
+    if kind == "gate_up":
+        c = fast.GemmConfig(128, 128, 32, 8, 4, GROUP_M=16, gluon=True)
+        first, second = (w2, w1) if swap_gate_up else (w1, w2)
+        fast.launch_gate_up(a, first, second, out, c, "tf32", fuse_act=True)
+        expected = g * torch.sigmoid(g) * u
+    else:
+        c = fast.GemmConfig(128, 256, 32, 8, 3, GROUP_M=16, gluon=True)
+        fast.launch_residual_gemm(a, w1, res, out, c, "tf32")
+        expected = res.double() + g
+    return float((out.double() - expected).abs().max())
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["gate_up", "residual"])
+def test_gluon_gemm_matches_the_truncated_product(kind):
+    assert _gluon_gemm_error(kind) < 1e-4
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_gemm_check_catches_gate_and_up_swapped():
+    assert _gluon_gemm_error("gate_up", swap_gate_up=True) > 1e-2

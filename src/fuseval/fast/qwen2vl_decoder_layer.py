@@ -202,6 +202,7 @@ class GemmConfig:
     round_b: bool = False          # round the weight tiles to TF32 in the kernel (see _round_tf32)
     GROUP_M: int = 8
     split_k: int = 1               # residual GEMMs: K slices summed by a second kernel (small M)
+    gluon: bool = False            # sm_90, "tf32": the warp-specialized Gluon kernel (fast/_qwen2vl_gluon.py)
 
 
 @dataclass(frozen=True)
@@ -468,10 +469,25 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
             num_warps=c.num_warps, num_stages=c.num_stages)
 
 
+def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
+    from . import _qwen2vl_gluon
+    _qwen2vl_gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
+                          group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_sm_count(a.device.index or 0),
+                          gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])
+
+
+def _gluon_applies(c: GemmConfig, a: torch.Tensor, precision: str, mutant: str | None = None) -> bool:
+    """The Gluon kernel covers production TF32 calls on the GPU; the rest runs in Triton."""
+    return c.gluon and precision == "tf32" and mutant is None and a.device.type == "cuda" and not _interpreting()
+
+
 def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
                          c: GemmConfig, precision: str) -> torch.Tensor:
     """out = (res +) a w^T; with ``c.split_k`` > 1 the K axis is cut into that many slices
     whose partial products are summed (with the residual) by a second, small kernel."""
+    if _gluon_applies(c, a, precision):
+        _launch_gluon(a, w, None, res, out, c, gate_up=False)
+        return out
     if c.persistent:
         _launch_persistent(a, w, None, res, out, c, precision, gate_up=False)
         return out
@@ -506,6 +522,9 @@ def launch_gate_up(a: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, out: tor
                    mutant: str | None = None) -> torch.Tensor:
     """fuse_act: out = silu(a wg^T) * (a wu^T) ([M, I]; ``round_out``: TF32-rounded);
     otherwise out = [a wg^T | a wu^T] ([M, 2I])."""
+    if fuse_act and _gluon_applies(c, a, precision, mutant):
+        _launch_gluon(a, wg, wu, None, out, c, gate_up=True, round_out=round_out)
+        return out
     if c.persistent and fuse_act:
         _launch_persistent(a, wg, wu, None, out, c, precision, gate_up=True, round_out=round_out,
                            mutant=mutant)
