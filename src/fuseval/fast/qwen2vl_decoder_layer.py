@@ -245,26 +245,24 @@ G = GemmConfig
 # tile of each kernel at M = 128, 512, 1024, 2048, 3072, 4096 and 8192 tokens; a call
 # takes the nearest size (log scale). Small M needs small tiles to occupy the 132 SMs
 # (and split-K for the 18944-long K of the down projection at 128 tokens); large M wants
-# 128 x 256 tiles with TMA. Where 128 x 256 tiles leave the last wave part-empty (down
-# projection: 448 tiles at 4096 tokens are 3.4 waves), split-K fills it. The sizes
-# between the old rows (1024, 3072, 4096) were added after the 1024-token case was found
-# running the 512-token tiles.
+# 128 x 256 tiles with TMA. ``gluon=True`` rows run the warp-specialized Gluon kernel
+# (fast/_qwen2vl_gluon.py): it wins for the residual GEMMs from 1024-2048 tokens up (5-8%
+# at 8192), while the Triton persistent kernel stays ahead for gate/up above 1024.
 # QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
 GPU_TABLE: dict[str, dict[int, Any]] = {
-    "qkv": {128: (1, G(64, 0, 32, 4, 4)), 512: (2, G(128, 0, 32, 8, 3)), 1024: (1, G(128, 0, 32, 8, 4, True)),
-            2048: (1, G(128, 0, 32, 8, 4, True)), 3072: (2, G(128, 0, 32, 8, 3, True)),
+    "qkv": {128: (1, G(64, 0, 32, 4, 4)), 512: (1, G(64, 0, 32, 4, 4, True)), 1024: (1, G(128, 0, 32, 8, 4, True)),
+            2048: (2, G(128, 0, 32, 8, 4, True)), 3072: (1, G(128, 0, 32, 8, 4, True)),
             4096: (2, G(128, 0, 32, 8, 4, True)), 8192: (2, G(128, 0, 32, 8, 4, True))},
-    "o_proj": {128: G(64, 128, 32, 4, 4), 512: G(64, 128, 32, 4, 4), 1024: G(128, 256, 32, 8, 4, True, True, True),
-               2048: G(128, 256, 32, 8, 4, True), 3072: G(128, 256, 32, 8, 4, True),
-               4096: G(128, 256, 32, 8, 3, True, True, True), 8192: G(128, 256, 32, 8, 3, True, True, True)},
-    "gate_up": {128: G(64, 128, 32, 4, 5, True),
-                **{m: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16) for m in (512, 1024, 2048, 3072, 4096, 8192)}},
-    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(128, 256, 32, 8, 3, True, split_k=2),
-             1024: G(128, 256, 32, 8, 3, True, True, True), 2048: G(128, 256, 32, 8, 3, True, True, True),
-             3072: G(128, 256, 32, 8, 3, True, split_k=3), 4096: G(128, 256, 32, 8, 3, True, split_k=2),
-             8192: G(128, 256, 32, 8, 3, True, split_k=2)},
+    "o_proj": {128: G(64, 64, 32, 4, 4, True, split_k=2), 512: G(64, 128, 32, 4, 4), 1024: G(128, 256, 32, 8, 4, True),
+               **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (2048, 3072, 4096, 8192)}},
+    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
+                1024: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
+                **{m: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16) for m in (2048, 3072, 4096, 8192)}},
+    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
+             1024: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True), 2048: G(128, 256, 32, 8, 3, True, True, True),
+             **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (3072, 4096, 8192)}},
 }
-GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, True), 373: AttnConfig(128, 32, 8, 3, True),  # by seq_len
+GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, True), 373: AttnConfig(64, 32, 4, 2, True),  # by seq_len
                  1571: AttnConfig(64, 64, 4, 3, True), 8192: AttnConfig(64, 64, 4, 3, True)}
 TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/qwen2vl_breakdown.py writes one)
 
