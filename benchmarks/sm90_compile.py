@@ -161,6 +161,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="")
     ap.add_argument("--tokens", type=int, default=8192)
+    ap.add_argument("--table", action="store_true",
+                    help="op A: compile the module's H200 table (each distinct config once) instead of "
+                         "the exploration's variant space")
     ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
     ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A[,WARPS]]]', ';'-separated")
     args = ap.parse_args()
@@ -181,7 +184,14 @@ def main():
     act = B.make_activations(1, args.tokens, "cpu", empty=True)
     sh = F._shape_of(B.inputs_of(W, act))
     only = set(filter(None, args.only.split(",")))
-    for kind, variants in B.variant_space().items():
+    space = B.variant_space()
+    if args.table:
+        space = {kind: {f"table@{size}": cfg for size, cfg in rows.items()} for kind, rows in F.GPU_TABLE.items()}
+        space["attention"] = {f"table@S{size}": cfg for size, cfg in F.GPU_ATTENTION.items()}
+        for kind, rows in space.items():       # each distinct config once
+            seen = set()
+            space[kind] = {name: cfg for name, cfg in rows.items() if not (cfg in seen or seen.add(cfg))}
+    for kind, variants in space.items():
         if only and kind not in only:
             continue
         for name, cfg in variants.items():
