@@ -17,9 +17,9 @@ so the tensor cores wait for the slowest warp at every step. Here the roles are 
 * the epilogue applies silu(g) * u (rounded to TF32 when it feeds the next product) or
   adds the residual, and stores fp32 from the accumulator's registers.
 
-Tiles are visited in the grouped order of ``_qwen2vl_kernels._tile_coords`` so that the
-programs in flight share their weight tiles in L2. Scope: sm_90, the "tf32" policy, no
-mutants; ``qwen2vl_decoder_layer`` decides, and runs the Triton kernels otherwise.
+Tiles are visited in the grouped order of the Triton kernels (the same ``_tile_coords``
+helper), so that the programs in flight share their weight tiles in L2. Scope: sm_90, the
+"tf32" policy, no mutants; ``qwen2vl_decoder_layer`` decides, and runs the Triton kernels otherwise.
 """
 from __future__ import annotations
 
@@ -30,20 +30,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, war
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._qwen2vl_kernels import _round_tf32
+from ._qwen2vl_kernels import _round_tf32, _tile_coords
 
 
 @gluon.jit
-def _coords(tile, num_m, num_n, GROUP_M: gl.constexpr):
-    """Grouped order: GROUP_M row-tiles walk the N tiles together."""
-    per_group = GROUP_M * num_n
-    first_m = (tile // per_group) * GROUP_M
-    size_m = gl.minimum(num_m - first_m, GROUP_M)
-    return first_m + (tile % per_group) % size_m, (tile % per_group) // size_m
-
-
-@gluon.jit
-def _producer(a_desc, b1_desc, b2_desc, a_smem, b1_smem, b2_smem, ready, free, num_m, num_n, K,
+def _producer(a_desc, b1_desc, b2_desc, a_smem, b1_smem, b2_smem, ready, free, M, N, num_m, num_n, K,
               BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
               GROUP_M: gl.constexpr, TWO: gl.constexpr):
     """Worker partition (one warp): the copies of every K step of every tile of this
@@ -53,7 +44,7 @@ def _producer(a_desc, b1_desc, b2_desc, a_smem, b1_smem, b2_smem, ready, free, n
     NBYTES: gl.constexpr = A_BYTES + (2 * B_BYTES if TWO else B_BYTES)
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP_M)
         for k in range(0, K, BK):
             slot = it % STAGES
             # slot reuse number it // STAGES waits for the consumers' release of the last one
@@ -79,7 +70,7 @@ def _consumer(a_smem, b1_smem, b2_smem, ready, free, res_ptr, out_ptr, M, N, K, 
     PER_STEP: gl.constexpr = 2 if GATE_UP else 1          # wgmma groups issued per K step
     it = 0
     for tile in range(gl.program_id(0), num_m * num_n, gl.num_programs(0)):
-        pid_m, pid_n = _coords(tile, num_m, num_n, GROUP_M)
+        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP_M)
         acc1 = gl.zeros([BM, BN], gl.float32, layout=MMA)
         acc2 = gl.zeros([BM, BN], gl.float32, layout=MMA)
         for k in range(0, K, BK):
@@ -142,7 +133,7 @@ def gemm_ws_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, M, N, K, stride_r
     gl.warp_specialize([
         (_consumer, (a_smem, b1_smem, b2_smem, ready, free, res_ptr, out_ptr, M, N, K, stride_res, stride_out,
                      num_m, num_n, BM, BN, BK, STAGES, GROUP_M, GATE_UP, ADD_RESIDUAL, ROUND_OUT, num_warps)),
-        (_producer, (a_desc, b1_desc, b2_desc, a_smem, b1_smem, b2_smem, ready, free, num_m, num_n, K,
+        (_producer, (a_desc, b1_desc, b2_desc, a_smem, b1_smem, b2_smem, ready, free, M, N, num_m, num_n, K,
                      BM, BN, BK, STAGES, GROUP_M, GATE_UP)),
     ], [1], [24])
 
