@@ -19,7 +19,8 @@ so the tensor cores wait for the slowest warp at every step. Here the roles are 
 
 Tiles are visited in the grouped order of the Triton kernels (the same ``_tile_coords``
 helper), so that the programs in flight share their weight tiles in L2. Scope: sm_90, the
-"tf32" policy, no mutants; ``qwen2vl_decoder_layer`` decides, and runs the Triton kernels otherwise.
+"tf32" policy, no mutants; ``qwen2vl_decoder_layer`` decides, and runs the Triton kernels
+otherwise.
 """
 from __future__ import annotations
 
