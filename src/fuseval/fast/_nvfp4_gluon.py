@@ -254,7 +254,7 @@ def nvfp4_qkv_rope_gluon_kernel(
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
            block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, w_as_a: bool = False,
-           num_warps: int = 8, probe: int = 0, two_partitions: bool = False, worker_regs: int = 240):
+           num_warps: int = 8, probe: int = 0):
     """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
     uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
     product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
@@ -262,134 +262,9 @@ def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq,
     the tensor-core products."""
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
-    if two_partitions:          # one head per program, transposed product, 2 x 4 warps
-        grid = (triton.cdiv(m, block_m) * (hq + 2 * hkv),)
-        nvfp4_qkv_rope_gluon_pp_kernel[grid](
-            x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
-            outs[0], outs[1], outs[2], m, seq, K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k,
-            STAGES=stages, GS_FROM_PTR=gs_from_ptr, WORKER_REGS=worker_regs, num_warps=4)
-        return
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
     nvfp4_qkv_rope_gluon_kernel[grid](
         x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
         outs[0], outs[1], outs[2], m, seq,
         K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
         W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)
-
-
-# --------------------------------------------------------------------------- two-partition variant
-@gluon.jit
-def _pp_partition(P: gl.constexpr, x_desc, x_smem, w_smem, x_ready, x_free, done, ex_ready,
-                  w_base, s_base, row0, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr,
-                  eps, q_out, k_out, v_out, M, S,
-                  K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                  STAGES: gl.constexpr, GS_FROM_PTR: gl.constexpr):
-    """Warpgroup P of the two-partition kernel: head dims [64P, 64P + 64) of the program's
-    head for all BM tokens. It decodes only its own 64 weight rows (the only rows its
-    wgmma reads), so the barrier before its MMA is this warpgroup's alone and the two
-    warpgroups drift apart: one decodes while the other's MMA runs. Warpgroup 0 also
-    issues the x copies, each once both warpgroups have released the slot (``x_free``
-    counts two arrivals). The epilogue needs both halves of a head (RMS norm over 128
-    dims, RoPE pairs d with d + 64): the accumulators meet in shared memory (the x ring,
-    no longer read), and each warpgroup finishes half of the tokens."""
-    R: gl.constexpr = 64
-    NK: gl.constexpr = K // BK
-    NB: gl.constexpr = BK // 16
-    AHEAD: gl.constexpr = STAGES - 1
-    WSLOTS: gl.constexpr = 3
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BM, 16])
-    acc = gl.zeros([R, BM], gl.float32, layout=MMA)
-    c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0 + P * R, K, R, NB, 4)
-    if P == 0:
-        for i in gl.static_range(AHEAD):
-            if i < NK:
-                mbarrier.expect(x_ready.index(i), x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], x_ready.index(i), x_smem.index(i))
-    codes_1 = gl.load(c_ptrs)
-    sbits_1 = gl.load(s_ptrs)
-    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
-    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
-    for kk in range(NK):
-        codes = codes_1
-        sbits = sbits_1
-        codes_1 = codes_2
-        sbits_1 = sbits_2
-        ahead = gl.minimum(kk + 2, NK - 1)
-        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
-        sbits_2 = gl.load(s_ptrs + ahead * NB)
-        # this slot was last read by the MMA of step kk - 3, finished (at most one in flight)
-        w_slot = w_smem.index(P * WSLOTS + kk % WSLOTS)
-        w_slot.store(_decode_step(codes, sbits, R, BK))
-        fence_async_shared()
-        gl.thread_barrier()                       # this warpgroup's rows are written
-        mbarrier.wait(x_ready.index(kk % STAGES), (kk // STAGES) & 1)
-        acc = warpgroup_mma(w_slot, x_smem.index(kk % STAGES).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        mbarrier.arrive(x_free.index((kk + STAGES - 1) % STAGES), pred=kk > 0)   # step kk-1 is done
-        if P == 0:
-            # refill the slot of step kk-1 (just released here; the other warpgroup releases
-            # it in its own step kk) with step kk + AHEAD. Issuing it before this warpgroup's
-            # own release would wait for itself.
-            nxt = kk + AHEAD
-            if nxt < NK:
-                slot = nxt % STAGES
-                mbarrier.wait(x_free.index(slot), ((nxt // STAGES) + 1) & 1, pred=nxt >= STAGES)
-                mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], x_ready.index(slot), x_smem.index(slot))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-    # ---- the two halves of the head meet in the (now idle) x ring
-    mbarrier.arrive(done)
-    mbarrier.wait(done, 0)                        # neither warpgroup reads x any more
-    ex = x_smem._reinterpret(gl.float32, [2 * R, BM], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    ex.slice(P * R, R).store(acc)                 # rows: head dims, columns: tokens
-    gl.thread_barrier()
-    mbarrier.arrive(ex_ready)
-    mbarrier.wait(ex_ready, 0)
-    CH: gl.constexpr = 64                         # tokens per epilogue chunk (register pressure)
-    EX: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [4, 1], [1, 0])
-    for c in gl.static_range(BM // 2 // CH):
-        lo = ex.slice(0, R).slice(P * (BM // 2) + c * CH, CH, dim=1).load(EX)      # [64 dims, CH tokens]
-        hi = ex.slice(R, R).slice(P * (BM // 2) + c * CH, CH, dim=1).load(EX)
-        t = gl.reshape(gl.permute(gl.join(lo, hi), (1, 2, 0)), [CH, 2 * R])   # [tokens, lo | hi]
-        _epilogue(t, h, off_m + P * (BM // 2) + c * CH, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-                  q_out, k_out, v_out, M, S, HQ, HKV, CH, 1, GS_FROM_PTR, 4)
-
-
-@gluon.jit
-def nvfp4_qkv_rope_gluon_pp_kernel(
-        x_desc, cos_ptr, sin_ptr,
-        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, M, S,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GS_FROM_PTR: gl.constexpr,
-        WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
-    """One head x BM tokens, transposed product, as two warpgroup partitions
-    (``_pp_partition``); launched with num_warps=4 (the default partition) plus a 4-warp
-    worker."""
-    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-                                           HQ, HKV, BM, 1)
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([64, BK], gl.bfloat16)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [2 * 3, 64, BK], W_SMEM)
-    x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    sync = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(x_free.index(i), count=2)
-    mbarrier.init(sync.index(0), count=2)
-    mbarrier.init(sync.index(1), count=2)
-    done = sync.index(0)
-    ex_ready = sync.index(1)
-    P0: gl.constexpr = 0                          # partition numbers must stay compile-time values
-    P1: gl.constexpr = 1
-    gl.warp_specialize([
-        (_pp_partition, (P0, x_desc, x_smem, w_smem, x_ready, x_free, done, ex_ready, w_base, s_base, row0, h,
-                         off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out,
-                         v_out, M, S, K, HQ, HKV, BM, BK, STAGES, GS_FROM_PTR)),
-        (_pp_partition, (P1, x_desc, x_smem, w_smem, x_ready, x_free, done, ex_ready, w_base, s_base, row0, h,
-                         off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out,
-                         v_out, M, S, K, HQ, HKV, BM, BK, STAGES, GS_FROM_PTR)),
-    ], [4], [WORKER_REGS])
