@@ -301,6 +301,28 @@ def _mrope_axis(j, D: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
     return axis
 
 
+@triton.jit
+def _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D: tl.constexpr,
+                  ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """Multimodal RoPE of the two halves of head rows: ``lo``/``hi`` [BM, n] hold columns
+    ``j`` and j + D/2 (j < D/2) of tokens ``rows``; cos/sin [3, tokens, D] are read from
+    the position axis of each column (_mrope_axis). Returns (lo cos - hi sin, hi cos +
+    lo sin), rounded to TF32 when ROUND_OUT (they only feed TF32 products)."""
+    HALF: tl.constexpr = D // 2
+    axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
+    c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
+    cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
+    cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
+    sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
+    sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
+    rot_lo = lo * cos_lo - hi * sin_lo
+    rot_hi = hi * cos_hi + lo * sin_hi
+    if ROUND_OUT:
+        rot_lo = _round_tf32(rot_lo)
+        rot_hi = _round_tf32(rot_hi)
+    return rot_lo, rot_hi
+
+
 @triton.jit(do_not_specialize=["M", "S"])
 def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
                     qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis,
@@ -360,17 +382,8 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
         i = tl.arange(0, HPT * HALF)
         j = i % HALF                         # index within the first half of the head
         out_cols = n0 + (i // HALF) * D + j  # column of the lo half in [q' | k']
-        axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
-        c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
-        cos_lo = tl.load(cos_ptr + c_off, mask=row_ok, other=0.0)
-        cos_hi = tl.load(cos_ptr + c_off + HALF, mask=row_ok, other=0.0)
-        sin_lo = tl.load(sin_ptr + c_off, mask=row_ok, other=0.0)
-        sin_hi = tl.load(sin_ptr + c_off + HALF, mask=row_ok, other=0.0)
-        rot_lo = lo * cos_lo - hi * sin_lo
-        rot_hi = hi * cos_hi + lo * sin_hi
-        if ROUND_OUT:
-            rot_lo = _round_tf32(rot_lo)
-            rot_hi = _round_tf32(rot_hi)
+        rot_lo, rot_hi = _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, row_ok, D,
+                                       ROUND_OUT, MUT_WRONG_AXIS)
         qk_ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
         tl.store(qk_ptrs, rot_lo, mask=row_ok)
         tl.store(qk_ptrs + HALF, rot_hi, mask=row_ok)
@@ -398,17 +411,8 @@ def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, 
     src = qkv_ptr + rows[:, None] * stride_qkv + col0 + j[None, :]
     lo = tl.load(src, mask=mask, other=0.0)
     hi = tl.load(src + HALF, mask=mask, other=0.0)
-    axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
-    c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
-    cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
-    cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
-    sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
-    sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
-    rot_lo = lo * cos_lo - hi * sin_lo
-    rot_hi = hi * cos_hi + lo * sin_hi
-    if ROUND_OUT:
-        rot_lo = _round_tf32(rot_lo)
-        rot_hi = _round_tf32(rot_hi)
+    rot_lo, rot_hi = _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D, ROUND_OUT,
+                                   MUT_WRONG_AXIS)
     dst = out_ptr + rows[:, None] * stride_out + col0 + j[None, :]
     tl.store(dst, rot_lo, mask=mask)
     tl.store(dst + HALF, rot_hi, mask=mask)
