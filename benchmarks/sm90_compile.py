@@ -148,13 +148,13 @@ def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     out = torch.empty(1, dtype=torch.bfloat16)
     for text in configs:
         given = [int(v) for v in text.split(",")]
-        bm, bk, stages, hpt, w_as_a, warps, reg_a = given + [1, 0, 8, 0][len(given) - 3:]
+        bm, bk, stages, hpt, w_as_a, warps = given + [1, 0, 8][len(given) - 3:]
         layout = gl.NVMMASharedLayout.get_default_for([bm, bk], gl.bfloat16)
         x_desc = TensorDescriptor.from_tensor(x.view(-1, x.shape[-1]), [bm, bk], layout)
         _compile_and_report("gluon", text, lambda: G.nvfp4_qkv_rope_gluon_kernel.warmup(
             x_desc, cos, sin, *u8, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
             out, out, out, tokens, tokens, K=x.shape[-1], HQ=32, HKV=8, BM=bm, BK=bk, STAGES=stages,
-            HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=warps, REG_A=bool(reg_a), grid=(1,)))
+            HPT=hpt, W_AS_A=bool(w_as_a), GS_FROM_PTR=False, num_warps=warps, grid=(1,)))
 
 
 def main():
@@ -165,7 +165,7 @@ def main():
                     help="op A: compile the module's H200 table (each distinct config once) instead of "
                          "the exploration's variant space")
     ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
-    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A[,WARPS[,REG_A]]]]', ';'-separated")
+    ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A[,WARPS]]]', ';'-separated")
     args = ap.parse_args()
     _install_driver()
     print(HEADER)

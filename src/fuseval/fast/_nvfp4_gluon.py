@@ -160,151 +160,21 @@ def _decode_step(codes, sbits, BN: gl.constexpr, BK: gl.constexpr):
     return gl.reshape(_decode_words(codes, scale), [BN, BK])
 
 
-@gluon.constexpr_function
-def _reg_a_layout(NB, num_warps):
-    """The register layout of one K step's codes for ``REG_A``, on the 6-D view
-    [BN/16 row groups, 2, 8, NB blocks, 2 words, 4 byte lanes] of the weight tile, where
-    weight row = 16 g + 8 r + l and k = 16 b + 8 w + 2 q + (nibble). It is the wgmma
-    A-operand fragment spelled out: lane = 4 l + q (a quad of lanes shares a row and
-    lane q takes byte q of every code word, i.e. the k pairs 2q, 2q+1 of each 8), the
-    row halves r and the words of a row live in registers, warp = row group."""
-    return gl.BlockedLayout([1, 2, 1, int(NB), 2, 1], [1, 1, 8, 1, 1, 4], [int(num_warps), 1, 1, 1, 1, 1],
-                            [5, 4, 3, 2, 1, 0])
-
-
-@gluon.constexpr_function
-def _reg_a_codes_layout(NB, num_warps):
-    """``_reg_a_layout`` for the code words as loaded: [BN/16, 2, 8, 2 NB], the four lanes
-    of a quad holding the same words."""
-    return gl.BlockedLayout([1, 2, 1, 2 * int(NB)], [1, 1, 8, 4], [int(num_warps), 1, 1, 1], [3, 2, 1, 0])
-
-
 @gluon.jit
-def _reg_a_pointers(w_base, s_base, row0, K: gl.constexpr, BN: gl.constexpr, NB: gl.constexpr,
-                    num_warps: gl.constexpr):
-    """Addresses of the first K step for ``REG_A``: code words [BN/16, 2, 8, NB, 2] (all
-    eight words of a row in one thread: two 16-byte loads, the same for the four lanes of
-    a quad) and scale bytes [BN/16, 2, 8, NB] (one 4-byte load per row)."""
-    L6: gl.constexpr = _reg_a_layout(NB, num_warps)
-    LW: gl.constexpr = gl.SliceLayout(5, L6)
-    LS: gl.constexpr = gl.SliceLayout(4, LW)
-    LR: gl.constexpr = gl.SliceLayout(3, LS)                 # [G, 2, 8] rows
-    g = gl.arange(0, BN // 16, layout=gl.SliceLayout(1, gl.SliceLayout(2, LR)))
-    r = gl.arange(0, 2, layout=gl.SliceLayout(0, gl.SliceLayout(2, LR)))
-    l = gl.arange(0, 8, layout=gl.SliceLayout(0, gl.SliceLayout(1, LR)))
-    rows = gl.expand_dims(gl.expand_dims(g * 16, 1), 2) + gl.expand_dims(gl.expand_dims(r * 8, 0), 2) \
-        + gl.expand_dims(gl.expand_dims(l, 0), 1)
-    rows = (row0 + rows).to(gl.int64)
-    blk = gl.arange(0, NB, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LS))))
-    blk4 = gl.expand_dims(gl.expand_dims(gl.expand_dims(blk, 0), 1), 2)      # [1, 1, 1, NB]
-    s_offs = gl.expand_dims(rows * (K // 16), 3) + blk4
-    # the codes are loaded as [G, 2, 8, 2 NB] (the row's words in one register run, so the
-    # loads are 16 bytes wide) and viewed as [G, 2, 8, NB, 2] by the decode
-    LC: gl.constexpr = _reg_a_codes_layout(NB, num_warps)
-    rows_c = gl.convert_layout(rows, gl.SliceLayout(3, LC))
-    word = gl.arange(0, 2 * NB, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, LC))))
-    c_offs = gl.expand_dims(rows_c * (K // 8), 3) + gl.expand_dims(gl.expand_dims(gl.expand_dims(word, 0), 1), 2)
-    return w_base.to(gl.pointer_type(gl.uint32)) + c_offs, s_base + s_offs
-
-
-@gluon.jit
-def _decode_step_regs(codes, sbits, DOT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr,
-                      num_warps: gl.constexpr):
-    """One K step's weight tile [BN, BK] bf16 = code * scale * 2^-8 (exactly, as
-    ``_decode_step``), decoded straight into the wgmma A-operand registers ``DOT``: lane q
-    of a quad shifts each word right by 8q and decodes nibbles 0 and 1, which are its
-    k = 2q, 2q+1 of those 8. The final conversion only renames registers (no shared memory)."""
-    NB: gl.constexpr = BK // 16
-    L6: gl.constexpr = _reg_a_layout(NB, num_warps)
-    q = gl.arange(0, 4, layout=gl.SliceLayout(0, gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(
-        3, gl.SliceLayout(4, L6))))))
-    shift = gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(gl.expand_dims(q * 8, 0), 1), 2), 3), 4)
-    codes = gl.convert_layout(gl.reshape(codes, [BN // 16, 2, 8, NB, 2]), gl.SliceLayout(5, L6))
-    v = gl.expand_dims(codes, 5) >> shift.to(gl.uint32)                      # [G, 2, 8, NB, 2, 4]
-    scale = gl.expand_dims(gl.expand_dims(_e4m3_f32(sbits.to(gl.int32)), 4), 5)
-    lo = (_nibble_f32(v, 0) * scale).to(gl.bfloat16)
-    hi = (_nibble_f32(v, 1) * scale).to(gl.bfloat16)
-    w = gl.reshape(gl.join(lo, hi), [BN, BK])                   # row 16g+8r+l, k 16b+8w+2q+nib
-    return gl.convert_layout(w, DOT)
-
-
-@gluon.jit
-def _reg_a_step(kk, acc, a, a_other, codes, sbits, c_ptrs, s_ptrs, x_desc, x_smem, bars, off_m,
-                DOT: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                AHEAD: gl.constexpr, NK: gl.constexpr, num_warps: gl.constexpr):
-    """Step kk of ``_main_loop_reg_a``: ``a`` holds its decoded weights, ``a_other`` those
-    of step kk-1 (still read by that step's wgmma). Returns step kk+1's weights in
-    ``a_other``'s place and the codes of step kk+2."""
-    gl.thread_barrier()                           # both warpgroups retired step kk-2
-    nxt = kk + AHEAD
-    if nxt < NK:
-        mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
-                                        x_smem.index(nxt % STAGES))
-    mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
-    acc = warpgroup_mma(a, x_smem.index(kk % STAGES).permute((1, 0)), acc, is_async=True)
-    # retire step kk-1: only then may its A registers take new values
-    acc, a_other = warpgroup_mma_wait(num_outstanding=1, deps=(acc, a_other))
-    # decode step kk+1 while the wgmma of step kk runs (the last step decodes a copy)
-    a_next = _decode_step_regs(codes, sbits, DOT, BN, BK, num_warps)
-    ahead = gl.minimum(kk + 2, NK - 1)
-    codes = gl.load(c_ptrs + ahead * (BK // 8))
-    sbits = gl.load(s_ptrs + ahead * (BK // 16))
-    return acc, a_next, codes, sbits
-
-
-@gluon.jit
-def _main_loop_reg_a(acc, MMA: gl.constexpr, x_desc, off_m, w_base, s_base, row0,
-                     K: gl.constexpr, BM: gl.constexpr, BK: gl.constexpr,
-                     STAGES: gl.constexpr, HPT: gl.constexpr, num_warps: gl.constexpr):
-    """``REG_A``: the K loop of acc^T = W x^T with the decoded weights as the wgmma's A
-    operand in registers. Step k: wait for x tile k, issue its wgmma, retire the wgmma
-    of step k-1, then decode step k+1 into fresh registers while the tensor cores work on
-    step k. No weight tile goes through shared memory, so there is no store, no fence
-    and no barrier between the decode and the MMA; one CTA barrier per step only keeps
-    the two warpgroups from refilling an x slot the other still reads."""
-    BN: gl.constexpr = HPT * 128
-    NK: gl.constexpr = K // BK
-    NB: gl.constexpr = BK // 16
-    # a slot is refilled at the start of step k with tile k + AHEAD; its last reader was
-    # the wgmma of step k + AHEAD - STAGES, which must be retired in both warpgroups:
-    # at the start of step k, each has retired step k-2.
-    AHEAD: gl.constexpr = STAGES - 2
-    DOT: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
-    c_ptrs, s_ptrs = _reg_a_pointers(w_base, s_base, row0, K, BN, NB, num_warps)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(AHEAD):
-        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
-    # step 0 is decoded before the loop, the codes of step 1 are loading
-    a0 = _decode_step_regs(gl.load(c_ptrs), gl.load(s_ptrs), DOT, BN, BK, num_warps)
-    codes = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
-    sbits = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
-    a1 = a0
-    # two steps per iteration, so that the A registers alternate between two sets: ptxas
-    # serializes every wgmma if a register an in-flight wgmma reads is written before
-    # the wait that retires it, which a loop-carried operand would be at the back edge
-    for kk in range(0, NK, 2):
-        acc, a1, codes, sbits = _reg_a_step(kk, acc, a0, a1, codes, sbits, c_ptrs, s_ptrs, x_desc, x_smem, bars,
-                                            off_m, DOT, BN, BK, STAGES, AHEAD, NK, num_warps)
-        acc, a0, codes, sbits = _reg_a_step(kk + 1, acc, a1, a0, codes, sbits, c_ptrs, s_ptrs, x_desc, x_smem,
-                                            bars, off_m, DOT, BN, BK, STAGES, AHEAD, NK, num_warps)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    for i in gl.static_range(STAGES):
-        mbarrier.invalidate(bars.index(i))
-    return acc
-
-
-@gluon.jit
-def _main_loop_smem_w(acc, x_desc, off_m, w_base, s_base, row0, K: gl.constexpr, BM: gl.constexpr,
-                      BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr, W_AS_A: gl.constexpr,
-                      PROBE: gl.constexpr, num_warps: gl.constexpr):
-    """The K loop with the decoded weights staged in shared memory: every warp decodes
-    its share of the weight tile into a slot, then every warpgroup issues its MMA."""
-    BN: gl.constexpr = HPT * 128
+def nvfp4_qkv_rope_gluon_kernel(
+        x_desc, cos_ptr, sin_ptr,
+        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+        q_out, k_out, v_out, M, S,
+        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
+        W_AS_A: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
+    """Every warp decodes its share of the weight tile, then every warpgroup issues its
+    MMA. W_AS_A: the product is computed transposed, acc^T [BN, BM] = W x^T, so that the
+    wgmma's N is the BM tokens (256) rather than one head (128): per FLOP the tensor
+    cores then read fewer operand bytes from shared memory, whose bandwidth the x copies,
+    the weight stores and the MMA operands share."""
+    BN: gl.constexpr = HPT * 128                  # HPT whole heads per program
     NK: gl.constexpr = K // BK
     NB: gl.constexpr = BK // 16                   # scale blocks per K step
     # x tiles in flight ahead of the MMA. A slot is refilled three steps after its MMA
@@ -312,9 +182,20 @@ def _main_loop_smem_w(acc, x_desc, off_m, w_base, s_base, row0, K: gl.constexpr,
     # within one step of each other, so step k may only reuse what step k-3 read.
     AHEAD: gl.constexpr = STAGES - 3
     WSLOTS: gl.constexpr = 3
+    if W_AS_A:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BM, 16])
+        acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    else:
+        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                      instr_shape=[16, BN, 16])
+        acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
+                                           HQ, HKV, BM, HPT)
     c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, num_warps)
+
     # ---- shared memory: x ring (TMA), three decoded-weight slots, one barrier per x slot
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
     w_smem = gl.allocate_shared_memory(gl.bfloat16, [WSLOTS, BN, BK], W_SMEM)
@@ -365,48 +246,15 @@ def _main_loop_smem_w(acc, x_desc, off_m, w_base, s_base, row0, K: gl.constexpr,
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
-    return acc
-
-
-@gluon.jit
-def nvfp4_qkv_rope_gluon_kernel(
-        x_desc, cos_ptr, sin_ptr,
-        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, M, S,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
-        W_AS_A: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0,
-        REG_A: gl.constexpr = False):
-    """Every warp decodes its share of the weight tile, then every warpgroup issues its
-    MMA. W_AS_A: the product is computed transposed, acc^T [BN, BM] = W x^T, so that the
-    wgmma's N is the BM tokens (256) rather than one head (128): per FLOP the tensor
-    cores then read fewer operand bytes from shared memory, whose bandwidth the x copies,
-    the weight stores and the MMA operands share."""
-    BN: gl.constexpr = HPT * 128                  # HPT whole heads per program
-    if W_AS_A:
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BM, 16])
-        acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
-    else:
-        MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                      instr_shape=[16, BN, 16])
-        acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
-    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-                                           HQ, HKV, BM, HPT)
-    if REG_A:
-        acc = _main_loop_reg_a(acc, MMA, x_desc, off_m, w_base, s_base, row0, K, BM, BK, STAGES, HPT, num_warps)
-    else:
-        acc = _main_loop_smem_w(acc, x_desc, off_m, w_base, s_base, row0, K, BM, BK, STAGES, HPT, W_AS_A, PROBE,
-                                num_warps)
     if W_AS_A:
         acc = gl.permute(acc, (1, 0))
     _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
               q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
 
+
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
            block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, w_as_a: bool = False,
-           num_warps: int = 8, probe: int = 0, reg_a: bool = False):
+           num_warps: int = 8, probe: int = 0):
     """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
     uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
     product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
@@ -419,4 +267,4 @@ def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq,
         x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
         outs[0], outs[1], outs[2], m, seq,
         K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
-        W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe, REG_A=reg_a)
+        W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)

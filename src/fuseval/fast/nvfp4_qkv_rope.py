@@ -477,28 +477,24 @@ class KernelConfig:
     w_as_a: bool = False      # compute acc^T = W x^T (decoded W as the dot's A operand)
     heads_per_tile: int = 1   # 2: one N tile spans two heads (halves the re-reads of x)
     gluon: bool = False       # Hopper: the Gluon kernel (fast/_nvfp4_gluon.py) where it applies
-    reg_a: bool = False       # Gluon, with w_as_a: decode straight into the wgmma's A registers
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """'BM,BK,WARPS,STAGES[,a][,h2][,g][,r]' (``a``: W as the A operand; ``h2``: two
-        heads per tile; ``g``: the Gluon kernel on Hopper, with STAGES x-tile slots; ``r``:
-        with ``a,g``, the weights decoded into the wgmma's A registers), e.g. '128,64,8,3'
-        or '128,64,8,3,a,h2' or '256,64,8,4,a,g,r'."""
+        """'BM,BK,WARPS,STAGES[,a][,h2][,g]' (``a``: W as the A operand; ``h2``: two heads
+        per tile; ``g``: the Gluon kernel on Hopper, with STAGES x-tile slots), e.g.
+        '128,64,8,3' or '128,64,8,3,a,h2' or '128,64,8,6,g'."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         flags = parts[4:]
-        if len(parts) < 4 or any(f not in ("a", "h1", "h2", "g", "r") for f in flags) \
+        if len(parts) < 4 or any(f not in ("a", "h1", "h2", "g") for f in flags) \
                 or len(set(flags)) != len(flags):
-            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2][,g][,r]', got {text!r}")
-        if "r" in flags and not ("a" in flags and "g" in flags):
-            raise ValueError(f"kernel config {text!r}: 'r' (A operand in registers) needs 'a' and 'g'")
+            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2][,g]', got {text!r}")
         return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]), "a" in flags,
-                   2 if "h2" in flags else 1, "g" in flags, "r" in flags)
+                   2 if "h2" in flags else 1, "g" in flags)
 
     def label(self) -> str:
         return (f"{self.block_m},{self.block_k},{self.num_warps},{self.num_stages}"
                 + (",a" if self.w_as_a else "") + (",h2" if self.heads_per_tile == 2 else "")
-                + (",g" if self.gluon else "") + (",r" if self.reg_a else ""))
+                + (",g" if self.gluon else ""))
 
 
 # Tile table for Hopper (H200), by the number of tokens M = B*S: (largest M, config).
@@ -676,7 +672,7 @@ def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
                             [u8(t) for t in (sq, sk, sv)], gs_args, gs_from_ptr, qn, kn, eps,
                             result, m, s, hq, hkv, block_m=cfg.block_m, block_k=cfg.block_k,
                             stages=cfg.num_stages, heads_per_tile=plan.consts["HPT"], w_as_a=cfg.w_as_a,
-                            num_warps=cfg.num_warps, reg_a=cfg.reg_a and (x.shape[-1] // cfg.block_k) % 2 == 0)
+                            num_warps=cfg.num_warps)
         return result
     _nvfp4_qkv_rope_kernel[plan.grid](
         x, cos, sin,
