@@ -137,4 +137,7 @@ def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     assert cb.timings["fast"]["median_ms"] > 0 and cb.floor_ms > 0
     assert cb.check["fast"]["passed"]
     assert report.ceilings["matmul_flops_per_s"]["bf16"] > 1e13
+    clocks = report.settings["clocks"]
+    assert clocks["sampled"], clocks                  # nvidia-smi is there wherever a GPU is
+    assert clocks["ceilings"]["samples"] >= 1 and 500 < clocks["ceilings"]["sm_mhz_median"] < 3000
     bench.write_outputs(report, str(tmp_path))

@@ -17,7 +17,11 @@ What one run measures, for each benchmark case of an operator:
 * optionally (``check=True``) the correctness of each timed implementation on each case
   against the float64 oracle, through :func:`fuseval.check.run_case`: fresh random inputs
   (the seed is drawn at random unless given, and recorded), the device allocator poisoned
-  with NaN before the call, the definition's tolerance rule.
+  with NaN before the call, the definition's tolerance rule;
+* the **SM clock and power** while the ceilings and each timing ran (``fuseval.clocks``,
+  sampled by nvidia-smi in a separate process): long tensor-core loads meet the GPU's
+  power cap and run at a lower clock than the short ceiling measurements, which the
+  fraction of the floor alone does not show.
 
 Per-operator pieces come from the operator's files, nothing here names an operator:
 the implementations to time default to every entry of the definition's
@@ -235,6 +239,7 @@ class CaseBench:
     floor_ms: float | None = None
     bound: str | None = None
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
+    clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
 
     def median(self, impl: str) -> float | None:
         t = self.timings.get(impl)
@@ -303,11 +308,12 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
               device: str | torch.device = "cuda", seed: int | None = None, mode: str = "benchmark",
               check: bool = False, hygiene: bool = True, flush: bool = True,
               warmup_ms: float = 30.0, rep_ms: float = 150.0, min_reps: int = 10, max_reps: int = 500,
-              ceilings: Ceilings | None = None,
+              ceilings: Ceilings | None = None, monitor_clocks: bool = True,
               progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring."""
-    from .check import run_case
-    from .inputs import generate_inputs
+    """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
+    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``)."""
+    from .clocks import ClockMonitor, wall
+    from .clocks import summarize as summarize_clocks
 
     device = torch.device(device)
     _require_cuda(device)
@@ -320,9 +326,49 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
         seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run
     say = progress or (lambda msg: None)
 
-    if ceilings is None and spec.cost_model is not None:
-        say("measuring ceilings (copy bandwidth, matmul rates)...")
-        ceilings = measure_ceilings(device)
+    monitor = ClockMonitor(device) if monitor_clocks else None
+    if monitor is not None and not monitor.start():
+        say(f"not sampling GPU clocks: {monitor.unavailable}")
+    intervals: dict[tuple[int, str], tuple[float, float]] = {}   # (case, impl) or (-1, "ceilings")
+    try:
+        if ceilings is None and spec.cost_model is not None:
+            say("measuring ceilings (copy bandwidth, matmul rates)...")
+            t0 = wall()
+            ceilings = measure_ceilings(device)
+            intervals[(-1, "ceilings")] = (t0, wall())
+        results = _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
+                               warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+    clocks: dict[str, Any] = {"sampled": False}
+    if monitor is not None:
+        clocks = {"sampled": monitor.unavailable is None, "unavailable": monitor.unavailable,
+                  "power_limit_w": monitor.power_limit_w, "interval_ms": monitor.interval_ms}
+        samples = monitor.samples()
+        monitor.close()
+        if (-1, "ceilings") in intervals:
+            clocks["ceilings"] = summarize_clocks(samples, *intervals[(-1, "ceilings")])
+        for cb in results:
+            for name in spec.impls:
+                if (cb.case, name) in intervals:
+                    cb.clocks[name] = summarize_clocks(samples, *intervals[(cb.case, name)])
+
+    settings = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
+                "l2_flush_bytes": L2_FLUSH_BYTES if flush else 0, "timer": "cuda events, median",
+                "check": check, "hygiene": hygiene, "torch": torch.__version__,
+                "triton": _triton_version(), "tolerance": asdict(defn.tolerance), "clocks": clocks}
+    return BenchReport(defn.name, defn.config, torch.cuda.get_device_name(device), seed, mode,
+                       spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results)
+
+
+def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
+                 warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
+    """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
+    ``intervals`` so that the clock samples can be matched to it afterwards."""
+    from .check import run_case
+    from .clocks import wall
+    from .inputs import generate_inputs
     results: list[CaseBench] = []
     selected = defn.cases(cases)
     for n, case in enumerate(selected):
@@ -345,8 +391,10 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
         for name in spec.impls:
             fn = fns[name]
             try:
+                t0 = wall()
                 t = time_call(lambda: fn(*inputs), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms,
                               min_reps=min_reps, max_reps=max_reps, flush=flush)
+                intervals[(case.index, name)] = (t0, wall())
                 cb.timings[name] = asdict(t)
             except Exception as exc:  # noqa: BLE001 - a failing implementation is reported, not fatal
                 cb.timings[name] = None
@@ -361,13 +409,7 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
             verdict = " | check: " + ", ".join(f"{k} {'ok' if v['passed'] else 'FAIL'}"
                                                for k, v in cb.check.items())
         say(f"[{n + 1}/{len(selected)}] case {case.index} {case.label}: {times}{floor}{verdict}")
-
-    settings = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
-                "l2_flush_bytes": L2_FLUSH_BYTES if flush else 0, "timer": "cuda events, median",
-                "check": check, "hygiene": hygiene, "torch": torch.__version__,
-                "triton": _triton_version(), "tolerance": asdict(defn.tolerance)}
-    return BenchReport(defn.name, defn.config, torch.cuda.get_device_name(device), seed, mode,
-                       spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results)
+    return results
 
 
 def _triton_version() -> str | None:
@@ -407,6 +449,9 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
         for b in report.impls:
             if b != fast:
                 table.add_column(f"x vs {b}", justify="right")
+    show_mhz = bool(fast) and any(cb.clocks.get(fast) for cb in report.cases)
+    if show_mhz:
+        table.add_column(f"{fast} MHz", justify="right")
     if report.checked:
         table.add_column("check")
     for cb in report.cases:
@@ -420,6 +465,9 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
                 if b != fast:
                     t = cb.median(b)
                     row.append(f"{t / f:.2f}" if t and f else "-")
+        if show_mhz:
+            c = cb.clocks.get(fast)
+            row.append(f"{c['sm_mhz_median']:.0f}" if c else "-")
         if report.checked:
             failed = [k for k, v in cb.check.items() if not v["passed"]]
             row.append("FAIL " + ",".join(failed) if failed else "ok")
@@ -431,7 +479,7 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
                      s["fraction_of_floor"].get(fast) else "-"] if fast else []),
                   *([f"{s['speedup_of_fast'][b]:.2f}" if s.get("speedup_of_fast") and s["speedup_of_fast"].get(b)
                      else "-" for b in report.impls if b != fast] if fast else []),
-                  *([""] if report.checked else []))
+                  *([""] if show_mhz else []), *([""] if report.checked else []))
     out.print(table)
     for cb in report.cases:
         for impl, err in cb.errors.items():
@@ -480,7 +528,35 @@ def summary_lines(report: BenchReport) -> list[str]:
                                            for i, n in s["cases_passed"].items()))
         if report.fast:
             lines.extend(_error_comparison(report))
+    lines.extend(clock_lines(report))
     return lines
+
+
+def clock_lines(report: BenchReport) -> list[str]:
+    """What the SM clock was while the ceilings and each implementation were timed: a
+    floor measured in a burst at a high clock is not what a power-capped case runs at."""
+    clocks = report.settings.get("clocks") or {}
+    if not clocks.get("sampled"):
+        why = clocks.get("unavailable")
+        return [f"GPU clocks not sampled ({why})"] if why else []
+    def span(summaries):
+        got = [c for c in summaries if c]
+        if not got:
+            return None
+        return (min(c["sm_mhz_min"] for c in got), statistics.median(c["sm_mhz_median"] for c in got),
+                max(c["sm_mhz_max"] for c in got), max((c["power_w_max"] or 0) for c in got))
+    parts = []
+    ceil = span([clocks.get("ceilings")])
+    if ceil:
+        parts.append(f"ceilings {ceil[1]:.0f} MHz (median; {ceil[0]:.0f}-{ceil[2]:.0f})")
+    for impl in report.impls:
+        sp = span([cb.clocks.get(impl) for cb in report.cases])
+        if sp:
+            parts.append(f"{impl} {sp[1]:.0f} MHz ({sp[0]:.0f}-{sp[2]:.0f}, up to {sp[3]:.0f} W)")
+    if not parts:
+        return ["GPU clocks sampled, but no sample fell inside a timing (intervals shorter than the sampling period)"]
+    limit = clocks.get("power_limit_w")
+    return ["SM clock while timed: " + "; ".join(parts) + (f"; power limit {limit:.0f} W" if limit else "")]
 
 
 def _error_comparison(report: BenchReport) -> list[str]:

@@ -6,7 +6,8 @@ bytes / bandwidth ceiling) from ceilings measured in the same run, the fraction 
 floor reached, and the suite mean (mean of the case latencies). Prints a table; with --out
 writes bench.json, bench.txt and bench.png there. --check also checks every timed
 implementation on every case against the float64 oracle (fresh random inputs, NaN-poisoned
-allocator) in the same run.
+allocator) in the same run. The GPU's SM clock and power are sampled while timing
+(nvidia-smi), and the report shows the clock of the ceilings and of each case.
 
 Without a CUDA device the command prints that it skipped and exits 0 (--require-gpu: exit 6).
 
@@ -39,6 +40,8 @@ def add_arguments(p) -> None:
     p.add_argument("--min-reps", type=int, default=10)
     p.add_argument("--max-reps", type=int, default=500)
     p.add_argument("--no-plot", action="store_true", help="do not write bench.png")
+    p.add_argument("--no-clocks", action="store_true",
+                   help="do not sample the GPU's SM clock and power (nvidia-smi) while timing")
     p.add_argument("--require-gpu", action="store_true",
                    help="exit with code 6 instead of skipping when there is no CUDA device")
 
@@ -53,7 +56,7 @@ def run(args) -> int:
                            seed=args.seed, mode=args.mode, check=args.check,
                            hygiene=not args.no_hygiene, flush=not args.no_flush,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=args.min_reps,
-                           max_reps=args.max_reps,
+                           max_reps=args.max_reps, monitor_clocks=not args.no_clocks,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except BenchSkipped as exc:
         print(f"fuseval bench: skipped: {exc}", file=sys.stderr)
