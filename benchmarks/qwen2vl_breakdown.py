@@ -181,7 +181,11 @@ def variant_space():
             "T64x32w4s4": AttnConfig(64, 32, 4, 4, True),
             # small enough for two programs per SM (one's softmax overlaps the other's products)
             "T64x32w4s2": AttnConfig(64, 32, 4, 2, True), "T64x64w4s2": AttnConfig(64, 64, 4, 2, True),
-            "T64x32w4s3": AttnConfig(64, 32, 4, 3, True)}
+            "T64x32w4s3": AttnConfig(64, 32, 4, 3, True),
+            # g: the Gluon kernel, P V overlapped with the next tile's softmax (BM = 16 * warps)
+            "g64x64s2": AttnConfig(64, 64, 4, 2, gluon=True), "g64x32s2": AttnConfig(64, 32, 4, 2, gluon=True),
+            "g64x32s3": AttnConfig(64, 32, 4, 3, gluon=True), "g128x32w8s2": AttnConfig(128, 32, 8, 2, gluon=True),
+            "g128x64w8s2": AttnConfig(128, 64, 8, 2, gluon=True)}
     return {"o_proj": res, "down": res, "gate_up": gate_up, "qkv": qkv, "attention": attn}
 
 

@@ -340,3 +340,53 @@ def test_gluon_gemm_matches_the_truncated_product(kind):
 @pytest.mark.gpu
 def test_gluon_gemm_check_catches_gate_and_up_swapped():
     assert _gluon_gemm_error("gate_up", swap_gate_up=True) > 1e-2
+
+
+# --------------------------------------------------------------------------- Gluon attention (sm_90)
+def _attention_errors(tuning_cfg, B=2, S=333, shift_keys=False):
+    """Max abs error of one attention launch (``tuning_cfg``) against float64 causal GQA
+    attention of the same q', k', V^T, on a ragged batch (tiles straddle the sequence end
+    and the causal diagonal); output poisoned with NaN. ``shift_keys``: the kernel gets V^T
+    with its keys rolled by one (a broken input the check must notice)."""
+    dev = torch.device("cuda")
+    sh = fast.Shape(B=B, S=S, H=3584, Hq=28, Hkv=4, D=128, I=18944)
+    tf32 = lambda t: (t.view(torch.int32) + 0x1000 & -8192).view(torch.float32)   # exact in TF32
+    qk = tf32(torch.randn(sh.M, sh.QD + sh.KD, device=dev))
+    v = tf32(torch.randn(B, sh.Hkv, sh.D, S, device=dev))
+    vt = torch.zeros(B, sh.Hkv, sh.D, sh.S_pad, device=dev)
+    vt[..., :S] = torch.roll(v, 1, dims=-1) if shift_keys else v
+    out = torch.full((sh.M, sh.QD), float("nan"), device=dev)
+    plan = fast.plan_for(sh, dev, "tf32", tuning={"attention": tuning_cfg})
+    fast.launch_attention(qk, vt, out, sh, plan)
+    q = qk[:, :sh.QD].double().view(B, S, sh.Hq, sh.D).transpose(1, 2)
+    k = qk[:, sh.QD:].double().view(B, S, sh.Hkv, sh.D).transpose(1, 2).repeat_interleave(sh.G, 1)
+    vv = v.double().transpose(-1, -2).repeat_interleave(sh.G, 1)
+    scores = (q @ k.transpose(-1, -2)) / math.sqrt(sh.D)
+    scores = scores.masked_fill(torch.ones(S, S, dtype=torch.bool, device=dev).triu(1), float("-inf"))
+    expected = (torch.softmax(scores, -1) @ vv).transpose(1, 2).reshape(sh.M, sh.QD)
+    return float((out.double() - expected).abs().max())
+
+
+GLUON_ATTENTION = [fast.AttnConfig(64, 64, 4, 2, gluon=True), fast.AttnConfig(64, 32, 4, 2, gluon=True),
+                   fast.AttnConfig(128, 32, 8, 2, gluon=True)]
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", GLUON_ATTENTION, ids=lambda c: f"{c.BM}x{c.BN}w{c.num_warps}")
+@pytest.mark.parametrize("B,S", [(2, 333), (1, 1000), (3, 37)])
+def test_gluon_attention_matches_float64_attention(cfg, B, S):
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel targets sm_90")
+    err = _attention_errors(cfg, B, S)
+    # the Triton kernel on the same inputs sets the scale of TF32 rounding (P is rounded)
+    triton_err = _attention_errors(fast.AttnConfig(64, 64, 4, 3, True), B, S)
+    assert err < 2e-3 and err <= 1.5 * triton_err + 1e-4, (err, triton_err)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gluon_attention_check_catches_shifted_keys():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the Gluon kernel targets sm_90")
+    assert _attention_errors(GLUON_ATTENTION[0], shift_keys=True) > 1e-1

@@ -27,8 +27,8 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from ._qwen2vl_kernels import _round_tf32, _tile_coords
@@ -162,3 +162,191 @@ def launch(a, b1, b2, res, out, *, block_m: int, block_n: int, block_k: int, sta
         gemm_ws_kernel.warmup(*args, grid=grid, **meta)
     else:
         gemm_ws_kernel[grid](*args, **meta)
+
+
+# --------------------------------------------------------------------------- attention
+@gluon.jit
+def _softmax_tile(s, m_i, l_i, n, keys0, tok_c, S, qk_scale, MASKED, live):
+    """Online-softmax update for the scores ``s`` of key tile ``n`` (fp32, log2 domain):
+    masked keys (past S or past the row's token; every key unless ``live``) get -inf.
+    Returns p, alpha and the new running max and sum."""
+    s = s * qk_scale
+    if MASKED:
+        keys = n + keys0
+        visible = gl.expand_dims((keys < S) & live, 0) & (gl.expand_dims(keys, 0) <= gl.expand_dims(tok_c, 1))
+        s = gl.where(visible, s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, 1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@gluon.jit
+def _load_k(k_desc, k_smem, k_ready, t, k_row0, k_col, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copy of key tile t (rows of [q'|k'], this kv head's columns)."""
+    mbarrier.expect(k_ready.index(t % STAGES), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [k_row0 + t * BN, k_col], k_ready.index(t % STAGES),
+                                    k_smem.index(t % STAGES))
+
+
+@gluon.jit
+def _load_v(vt_desc, v_smem, v_ready, t, vt_row0, BN: gl.constexpr, STAGES: gl.constexpr):
+    """Start the TMA copy of V^T tile t ([D, BN]; keys >= S arrive as zeros)."""
+    mbarrier.expect(v_ready.index(t % STAGES), vt_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(vt_desc, [vt_row0, t * BN], v_ready.index(t % STAGES), v_smem.index(t % STAGES))
+
+
+@gluon.jit
+def attention_kernel(qk_ptr, k_desc, vt_desc, o_ptr, S, stride_qk, stride_o, qk_scale,
+                     QD: gl.constexpr, G: gl.constexpr, HKV: gl.constexpr, D: gl.constexpr,
+                     BM: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, ROUND_P: gl.constexpr,
+                     ROUND_OUT: gl.constexpr, num_warps: gl.constexpr):
+    """Causal GQA flash attention for one (batch, kv head) and BM query rows, one
+    warpgroup; the same tiles, row order and arithmetic as the Triton
+    ``attention_kernel`` (rows are (token, head) pairs of the kv head's G query heads,
+    token-major), with the products overlapped with the softmax:
+
+    * K and V^T tiles arrive by TMA into rings of STAGES slots each;
+    * each iteration queues the scores of tile j+1 and then P V of tile j on the tensor
+      cores, waits for the scores only, and runs their softmax while P V runs (the order
+      of FlashAttention-3's intra-warpgroup overlap). Triton's own kernel waits for each
+      product before the softmax, so there the two kinds of work take turns.
+
+    P goes through shared memory (TF32 operands must be K-major, and the accumulator's
+    register layout is not the A operand's for 32-bit types)."""
+    MMA_S: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, BN, 8])
+    MMA_O: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                    instr_shape=[16, D, 8])
+    ROWS_S: gl.constexpr = gl.SliceLayout(1, MMA_S)
+    ROWS_O: gl.constexpr = gl.SliceLayout(1, MMA_O)
+    LQ: gl.constexpr = gl.BlockedLayout([1, 4], [4, 8], [num_warps, 1], [1, 0])
+    pid_r = gl.num_programs(0) - 1 - gl.program_id(0)    # longest (latest) tiles first
+    bh = gl.program_id(1)
+    b = bh // HKV
+    kvh = bh % HKV
+
+    # ---- Q rows of this tile, into shared memory once
+    r = pid_r * BM + gl.arange(0, BM, layout=gl.SliceLayout(1, LQ))
+    tok_q = r // G
+    tok_q = gl.where(tok_q < S, tok_q, S - 1)
+    d = gl.arange(0, D, layout=gl.SliceLayout(0, LQ))
+    q_offs = gl.expand_dims((b * S + tok_q).to(gl.int64) * stride_qk + (kvh * G + r % G) * D, 1) \
+        + gl.expand_dims(d, 0)
+    q_smem = gl.allocate_shared_memory(gl.float32, [BM, D], gl.NVMMASharedLayout.get_default_for([BM, D], gl.float32),
+                                       gl.load(qk_ptr + q_offs))
+    k_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float32, [STAGES, D, BN], vt_desc.layout)
+    p_smem = gl.allocate_shared_memory(gl.float32, [BM, BN], gl.NVMMASharedLayout.get_default_for([BM, BN], gl.float32))
+    # K and V^T have rings of their own: K of tile t is done with once the scores of t are,
+    # V^T only once P V of t is, one softmax later
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+
+    # ---- which key tiles: all of them up to the tile's last token; those below its first
+    # token's tile boundary need no mask
+    t_first = (pid_r * BM) // G
+    t_last = gl.minimum((pid_r * BM + BM - 1) // G, S - 1)
+    n_tiles = gl.cdiv(t_last + 1, BN)
+    n_unmasked = (t_first + 1) // BN
+    k_row0 = b * S
+    k_col = QD + kvh * D
+    vt_row0 = bh * D
+    for i in gl.static_range(STAGES):
+        if i < n_tiles:
+            _load_k(k_desc, k_smem, k_ready, i, k_row0, k_col, BN, STAGES)
+            _load_v(vt_desc, v_smem, v_ready, i, vt_row0, BN, STAGES)
+    fence_async_shared()                                   # q, written by the threads, read by wgmma
+    gl.thread_barrier()
+
+    rows_s = pid_r * BM + gl.arange(0, BM, layout=ROWS_S)
+    tok_c = gl.where(rows_s // G < S, rows_s // G, S - 1)
+    keys0 = gl.arange(0, BN, layout=gl.SliceLayout(0, MMA_S))
+    m_i = gl.full([BM], float("-inf"), gl.float32, layout=ROWS_S)
+    l_i = gl.zeros([BM], gl.float32, layout=ROWS_S)
+    o = gl.zeros([BM, D], gl.float32, layout=MMA_O)
+    # ---- tile 0: scores and softmax, P into shared memory
+    mbarrier.wait(k_ready.index(0), 0)
+    s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), gl.zeros([BM, BN], gl.float32, layout=MMA_S),
+                      is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+    p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, 0, keys0, tok_c, S, qk_scale, n_unmasked == 0, True)
+    if ROUND_P:
+        p = _round_tf32(p)
+    p_smem.store(p)
+    fence_async_shared()
+    gl.thread_barrier()
+    if STAGES < n_tiles:
+        _load_k(k_desc, k_smem, k_ready, STAGES, k_row0, k_col, BN, STAGES)
+    # ---- tile j: P V of tile j overlaps the softmax of tile j+1. Every product is
+    # finished at the end of an iteration: ptxas serializes all wgmmas of a kernel in
+    # which a product still running at the loop's back edge has its accumulator read
+    # in the next iteration, even after a wait that retires it.
+    for j in range(n_tiles):
+        has_next = j + 1 < n_tiles
+        # (a) scores of tile j+1 (past the last tile: a spare product over tile j's keys,
+        # never used, which keeps the waits below static)
+        nslot = (j + 1) % STAGES
+        if has_next:
+            mbarrier.wait(k_ready.index(nslot), ((j + 1) // STAGES) & 1)
+        else:
+            nslot = j % STAGES
+        s = warpgroup_mma(q_smem, k_smem.index(nslot).permute((1, 0)), gl.zeros([BM, BN], gl.float32, layout=MMA_S),
+                          is_async=True)
+        # (b) P V of tile j, queued behind the scores
+        mbarrier.wait(v_ready.index(j % STAGES), (j // STAGES) & 1)
+        o = warpgroup_mma(p_smem, v_smem.index(j % STAGES).permute((1, 0)), o, is_async=True)
+        # (c) the scores are done; their softmax runs while P V does
+        s, o = warpgroup_mma_wait(num_outstanding=1, deps=(s, o))
+        p, alpha, m_i, l_i = _softmax_tile(s, m_i, l_i, (j + 1) * BN, keys0, tok_c, S, qk_scale,
+                                           (j + 1 >= n_unmasked) | (~has_next), has_next)
+        if ROUND_P:
+            p = _round_tf32(p)
+        # (d) P V done: its V^T slot, the K slot of tile j+1 and p_smem are free
+        o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+        gl.thread_barrier()
+        if j + 1 + STAGES < n_tiles:
+            _load_k(k_desc, k_smem, k_ready, j + 1 + STAGES, k_row0, k_col, BN, STAGES)
+        if j + STAGES < n_tiles:
+            _load_v(vt_desc, v_smem, v_ready, j + STAGES, vt_row0, BN, STAGES)
+        # (e) rescale the output to the new running max; P of tile j+1 for the next product
+        o = o * gl.expand_dims(gl.convert_layout(alpha, ROWS_O), 1)
+        p_smem.store(p)
+        fence_async_shared()
+        gl.thread_barrier()
+    o = warpgroup_mma_wait(num_outstanding=0, deps=(o,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(k_ready.index(i))
+        mbarrier.invalidate(v_ready.index(i))
+    o = o / gl.expand_dims(gl.convert_layout(l_i, ROWS_O), 1)
+    if ROUND_OUT:
+        o = _round_tf32(o)
+    rows_o = pid_r * BM + gl.arange(0, BM, layout=ROWS_O)
+    tok_o = rows_o // G
+    d_o = gl.arange(0, D, layout=gl.SliceLayout(0, MMA_O))
+    o_offs = gl.expand_dims((b * S + tok_o).to(gl.int64) * stride_o + (kvh * G + rows_o % G) * D, 1) \
+        + gl.expand_dims(d_o, 0)
+    gl.store(o_ptr + o_offs, o, mask=gl.expand_dims(tok_o < S, 1))
+
+
+def launch_attention(qk, vt, out, *, S: int, B: int, HKV: int, G: int, QD: int, D: int, qk_scale: float,
+                     block_m: int, block_n: int, stages: int, round_p: bool, round_out: bool,
+                     num_warps: int = 4, compile_only: bool = False) -> None:
+    """out [B*S, QD] = causal GQA attention of q' (qk[:, :QD]) over k' (qk[:, QD:]) and V^T
+    (vt [B, HKV, D, S_pad]), with the same tiles as the Triton kernel."""
+    k_desc = _descriptor(qk, [block_n, D])
+    # V^T seen as [B*HKV*D, S] with row stride S_pad: keys >= S read as zeros
+    vt_desc = TensorDescriptor(vt, [B * HKV * D, S], [vt.stride(2), 1], [D, block_n],
+                               gl.NVMMASharedLayout.get_default_for([D, block_n], gl.float32))
+    grid = (triton.cdiv(S * G, block_m), B * HKV)
+    args = (qk, k_desc, vt_desc, out, S, qk.stride(0), out.stride(0), qk_scale)
+    meta = dict(QD=QD, G=G, HKV=HKV, D=D, BM=block_m, BN=block_n, STAGES=stages, ROUND_P=round_p,
+                ROUND_OUT=round_out, num_warps=num_warps)
+    if compile_only:
+        attention_kernel.warmup(*args, grid=grid, **meta)
+    else:
+        attention_kernel[grid](*args, **meta)

@@ -212,6 +212,8 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False          # K and V tiles fetched by TMA descriptors
+    gluon: bool = False            # sm_90, "tf32": the Gluon kernel (fast/_qwen2vl_gluon.py), products
+                                   # overlapped with the softmax
 
 
 @dataclass(frozen=True)
@@ -304,8 +306,13 @@ CPU_ATTENTION = AttnConfig(32, 16, 4, 1)
 del G
 
 
+H200_SMS = 132     # what a compile-only launch without a GPU assumes (benchmarks/sm90_compile.py)
+
+
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
+    if _COMPILE_ONLY[0] and not torch.cuda.is_available():
+        return H200_SMS
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -432,6 +439,13 @@ def launch_mrope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sh: Sh
 def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: Shape, plan: Plan,
                      mutant: str | None = None) -> torch.Tensor:
     c = plan.attention
+    if c.gluon and plan.attention_precision == "tf32" and mutant is None and _on_gpu_or_compiling(qk):
+        from . import _qwen2vl_gluon
+        _qwen2vl_gluon.launch_attention(qk, vt, out, S=sh.S, B=sh.B, HKV=sh.Hkv, G=sh.G, QD=sh.QD, D=sh.D,
+                                        qk_scale=LOG2E / math.sqrt(sh.D), block_m=c.BM, block_n=c.BN,
+                                        stages=c.num_stages, round_p=plan.round_attn, round_out=plan.round_act,
+                                        num_warps=c.num_warps, compile_only=_COMPILE_ONLY[0])
+        return out
     grid = (triton.cdiv(sh.S * sh.G, c.BM), sh.B * sh.Hkv)
     if c.use_tma:
         from triton.tools.tensor_descriptor import TensorDescriptor
@@ -476,7 +490,13 @@ def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_ou
 
 def _gluon_applies(c: GemmConfig, a: torch.Tensor, precision: str, mutant: str | None = None) -> bool:
     """The Gluon kernel covers production TF32 calls on the GPU; the rest runs in Triton."""
-    return c.gluon and precision == "tf32" and mutant is None and a.device.type == "cuda" and not _interpreting()
+    return c.gluon and precision == "tf32" and mutant is None and _on_gpu_or_compiling(a)
+
+
+def _on_gpu_or_compiling(t: torch.Tensor) -> bool:
+    """A compiled (not interpreted) launch on the GPU, or a compile-only one (which
+    ``benchmarks/sm90_compile.py`` runs with CPU tensors on a machine without a GPU)."""
+    return (t.device.type == "cuda" or _COMPILE_ONLY[0]) and not _interpreting()
 
 
 def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
