@@ -185,7 +185,8 @@ def variant_space():
             # g: the Gluon kernel, P V overlapped with the next tile's softmax (BM = 16 * warps)
             "g64x64s2": AttnConfig(64, 64, 4, 2, gluon=True), "g64x32s2": AttnConfig(64, 32, 4, 2, gluon=True),
             "g64x32s3": AttnConfig(64, 32, 4, 3, gluon=True), "g128x32w8s2": AttnConfig(128, 32, 8, 2, gluon=True),
-            "g128x64w8s2": AttnConfig(128, 64, 8, 2, gluon=True)}
+            "g128x64w8s2": AttnConfig(128, 64, 8, 2, gluon=True), "g64x64s1": AttnConfig(64, 64, 4, 1, gluon=True),
+            "g128x64w8s1": AttnConfig(128, 64, 8, 1, gluon=True)}
     return {"o_proj": res, "down": res, "gate_up": gate_up, "qkv": qkv, "attention": attn}
 
 

@@ -367,13 +367,13 @@ def _attention_errors(tuning_cfg, B=2, S=333, shift_keys=False):
     return float((out.double() - expected).abs().max())
 
 
-GLUON_ATTENTION = [fast.AttnConfig(64, 64, 4, 2, gluon=True), fast.AttnConfig(64, 32, 4, 2, gluon=True),
-                   fast.AttnConfig(128, 32, 8, 2, gluon=True)]
+GLUON_ATTENTION = [fast.AttnConfig(64, 64, 4, 1, gluon=True), fast.AttnConfig(64, 32, 4, 2, gluon=True),
+                   fast.AttnConfig(128, 64, 8, 2, gluon=True)]
 
 
 @gpu
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", GLUON_ATTENTION, ids=lambda c: f"{c.BM}x{c.BN}w{c.num_warps}")
+@pytest.mark.parametrize("cfg", GLUON_ATTENTION, ids=lambda c: f"{c.BM}x{c.BN}w{c.num_warps}s{c.num_stages}")
 @pytest.mark.parametrize("B,S", [(2, 333), (1, 1000), (3, 37)])
 def test_gluon_attention_matches_float64_attention(cfg, B, S):
     if torch.cuda.get_device_capability()[0] != 9:

@@ -264,8 +264,12 @@ GPU_TABLE: dict[str, dict[int, Any]] = {
              1024: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True), 2048: G(128, 256, 32, 8, 3, True, True, True),
              **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (3072, 4096, 8192)}},
 }
-GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, True), 373: AttnConfig(64, 32, 4, 2, True),  # by seq_len
-                 1571: AttnConfig(64, 64, 4, 3, True), 8192: AttnConfig(64, 64, 4, 3, True)}
+# Attention by seq_len. The Gluon kernel (gluon=True) where it measured faster than Triton's
+# in benchmarks/probe_qwen2vl_attention.py: 64 x 32 tiles at 64 x 128 tokens (0.118 vs
+# 0.125 ms), 64 x 64 tiles with one K/V slot (two programs per SM) from 1571 tokens
+# (8192: 1.819 vs 1.875 ms; 4096: 0.472 vs 0.498).
+GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, gluon=True), 373: AttnConfig(64, 32, 4, 2, True),
+                 1571: AttnConfig(64, 64, 4, 1, gluon=True), 8192: AttnConfig(64, 64, 4, 1, gluon=True)}
 TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/qwen2vl_breakdown.py writes one)
 
 
@@ -311,8 +315,6 @@ H200_SMS = 132     # what a compile-only launch without a GPU assumes (benchmark
 
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
-    if _COMPILE_ONLY[0] and not torch.cuda.is_available():
-        return H200_SMS
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -484,7 +486,8 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
 def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
     from . import _qwen2vl_gluon
     _qwen2vl_gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
-                          group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_sm_count(a.device.index or 0),
+                          group_m=c.GROUP_M, num_warps=c.num_warps,
+                          n_programs=_sm_count(a.device.index or 0) if a.device.type == "cuda" else H200_SMS,
                           gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])
 
 
@@ -494,9 +497,19 @@ def _gluon_applies(c: GemmConfig, a: torch.Tensor, precision: str, mutant: str |
 
 
 def _on_gpu_or_compiling(t: torch.Tensor) -> bool:
-    """A compiled (not interpreted) launch on the GPU, or a compile-only one (which
-    ``benchmarks/sm90_compile.py`` runs with CPU tensors on a machine without a GPU)."""
-    return (t.device.type == "cuda" or _COMPILE_ONLY[0]) and not _interpreting()
+    """Whether a Gluon (sm_90) kernel may run: a compiled (not interpreted) launch on a
+    Hopper GPU, or a compile-only one (which ``benchmarks/sm90_compile.py`` runs with CPU
+    tensors on a machine without a GPU). Elsewhere the Triton kernels take the call."""
+    if _interpreting():
+        return False
+    if t.device.type == "cuda":
+        return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] == 9
+    return _COMPILE_ONLY[0]
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
 
 
 def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
