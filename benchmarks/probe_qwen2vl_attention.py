@@ -61,10 +61,7 @@ def main() -> int:
                 continue
             outs[name] = float((out - ref).abs().max()) if not out.isnan().any() else float("nan")
             calls[name] = lambda p=plan, o=out: F.launch_attention(qk, vt, o, sh, p)
-        times = {k: [] for k in calls}
-        for _ in range(args.rounds):
-            for name, fn in calls.items():
-                times[name].append(B.bench(fn, rep=args.rep_ms))
+        times = B.bench_rounds(calls, args.rounds, args.rep_ms, label=f"B={b} S={s}")
         for name, ts in times.items():
             ms = statistics.median(ts)
             rows.append(dict(B=b, S=s, variant=name, table=space[name] == table.attention, ms=ms, rounds=ts,

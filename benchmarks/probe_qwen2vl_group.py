@@ -11,7 +11,8 @@ these kernels by 10%, and no other group size had been tried.
 Variants are compiled first in worker processes (qwen2vl_breakdown.precompile), then
 timed in interleaved rounds (every variant once per round, L2 flushed, median of each
 round; the table shows the median over rounds), so a clock that drifts during the run
-moves every variant alike. Writes group_probe.json and clocks.csv to $OUT (or ./out).
+moves every variant alike. Writes group_probe.json and clocks.csv (the SM clock, power and
+temperature every 500 ms, from fuseval.clocks) to $OUT (or ./out).
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -48,6 +48,7 @@ def main() -> int:
     out_dir = B.OUT
     os.makedirs(out_dir, exist_ok=True)
     from fuseval.bench import measure_ceilings
+    from fuseval.clocks import ClockMonitor
     from fuseval.fast import qwen2vl_decoder_layer as F
     sizes = [int(s) for s in args.sizes.split(",")]
     space = variants()
@@ -56,9 +57,8 @@ def main() -> int:
         for cfg in rows.values():
             jobs += B.plan_jobs(1, 512, "tf32", B.tuning_for(kind, cfg), seen)
     B.precompile(jobs, args.workers)
-    clocks = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                               "--format=csv,noheader", "-lms", "500"],
-                              stdout=open(os.path.join(out_dir, "clocks.csv"), "w"), stderr=subprocess.DEVNULL)
+    clocks = ClockMonitor("cuda", interval_ms=500)
+    clocks.start()
     try:
         ceil = measure_ceilings(torch.device("cuda"))
         tf32 = ceil.matmul_flops_per_s["tf32"]
@@ -94,17 +94,8 @@ def main() -> int:
                 calls[(kind, "cuBLAS")] = {"gate_up": lambda: x2 @ w_gu.T, "down": lambda: a_act @ W["wd"].T,
                                            "o_proj": lambda: a_attn @ W["wo"].T}[kind]
             flops = {"gate_up": 2 * M * H * 2 * I, "down": 2 * M * I * H, "o_proj": 2 * M * QD * H}
-            times = {key: [] for key in calls}
-            for r in range(args.rounds):
-                for key, fn in calls.items():
-                    try:
-                        times[key].append(B.bench(fn, rep=args.rep_ms))
-                    except Exception as exc:  # noqa: BLE001 - a failing variant is a result
-                        print(f"  {key} M={M}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
-                print(f"M={M} round {r} done", flush=True)
+            times = B.bench_rounds(calls, args.rounds, args.rep_ms, label=f"M={M}")
             for (kind, name), ts in times.items():
-                if not ts:
-                    continue
                 ms = statistics.median(ts)
                 floor = flops[kind] / tf32 * 1e3
                 results["rows"].append(dict(kind=kind, M=M, variant=name, ms=ms, rounds=ts, floor_ms=floor))
@@ -112,7 +103,11 @@ def main() -> int:
         with open(os.path.join(out_dir, "group_probe.json"), "w") as f:
             json.dump(results, f, indent=1)
     finally:
-        clocks.terminate()
+        clocks.stop()
+        with open(os.path.join(out_dir, "clocks.csv"), "w") as f:
+            f.write("time,sm_mhz,power_w,temp_c\n")
+            f.writelines(f"{c.t:.3f},{c.sm_mhz:.0f},{c.power_w},{c.temp_c}\n" for c in clocks.samples())
+        clocks.close()
     print(f"{'kind':8s} {'M':>5s} {'variant':>16s} {'ms':>8s} {'%floor':>7s}  rounds")
     for r in results["rows"]:
         print(f"{r['kind']:8s} {r['M']:5d} {r['variant']:>16s} {r['ms']:8.3f} {100 * r['floor_ms'] / r['ms']:6.1f}%  "

@@ -135,6 +135,21 @@ def bench(fn, rep=40):
     return triton.testing.do_bench(fn, warmup=10, rep=rep, return_mode="median")
 
 
+def bench_rounds(calls, rounds, rep=40, label=""):
+    """Time every call of ``calls`` ({key: thunk}) once per round, in the same order each
+    round, so that a clock drifting during the run moves every variant alike: {key: [ms
+    of each round it ran]}. A call that raises is reported, and left out if it never ran."""
+    times = {key: [] for key in calls}
+    for r in range(rounds):
+        for key, fn in calls.items():
+            try:
+                times[key].append(bench(fn, rep=rep))
+            except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+                print(f"  {key} {label}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+        print(f"{label} round {r} done", flush=True)
+    return {key: ts for key, ts in times.items() if ts}
+
+
 # --------------------------------------------------------------------------- variants
 def variant_space():
     """Candidate tiles per kernel (p: pointer loads, t: TMA, P: persistent TMA, W: persistent

@@ -329,13 +329,14 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     monitor = ClockMonitor(device) if monitor_clocks else None
     if monitor is not None and not monitor.start():
         say(f"not sampling GPU clocks: {monitor.unavailable}")
-    intervals: dict[tuple[int, str], tuple[float, float]] = {}   # (case, impl) or (-1, "ceilings")
+    intervals: dict[tuple[int, str], tuple[float, float]] = {}   # (case, impl) -> wall-clock interval
+    ceilings_interval = None
     try:
         if ceilings is None and spec.cost_model is not None:
             say("measuring ceilings (copy bandwidth, matmul rates)...")
             t0 = wall()
             ceilings = measure_ceilings(device)
-            intervals[(-1, "ceilings")] = (t0, wall())
+            ceilings_interval = (t0, wall())
         results = _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
                                warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say)
     finally:
@@ -347,8 +348,8 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
                   "power_limit_w": monitor.power_limit_w, "interval_ms": monitor.interval_ms}
         samples = monitor.samples()
         monitor.close()
-        if (-1, "ceilings") in intervals:
-            clocks["ceilings"] = summarize_clocks(samples, *intervals[(-1, "ceilings")])
+        if ceilings_interval is not None:
+            clocks["ceilings"] = summarize_clocks(samples, *ceilings_interval)
         for cb in results:
             for name in spec.impls:
                 if (cb.case, name) in intervals:

@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._qwen2vl_kernels import _round_tf32, _tile_coords
+from ._qwen2vl_kernels import _online_softmax, _round_tf32, _tile_coords
 
 
 @gluon.jit
@@ -177,11 +177,7 @@ def _softmax_tile(s, m_i, l_i, n, keys0, tok_c, S, qk_scale, MASKED, live):
         keys = n + keys0
         visible = gl.expand_dims((keys < S) & live, 0) & (gl.expand_dims(keys, 0) <= gl.expand_dims(tok_c, 1))
         s = gl.where(visible, s, float("-inf"))
-    m_new = gl.maximum(m_i, gl.max(s, 1))
-    alpha = gl.exp2(m_i - m_new)
-    p = gl.exp2(s - gl.expand_dims(m_new, 1))
-    l_i = l_i * alpha + gl.sum(p, 1)
-    return p, alpha, m_new, l_i
+    return _online_softmax(s, m_i, l_i)
 
 
 @gluon.jit

@@ -420,6 +420,19 @@ def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, 
 
 # --------------------------------------------------------------------------- attention
 @triton.jit
+def _online_softmax(s, m_i, l_i):
+    """One key tile's online-softmax step on scores ``s`` (log2 domain, masked keys
+    -inf): the new running max, the factor alpha that rescales what was accumulated
+    under the old max, p = 2^(s - max) and the new running sum. Shared by the Triton and
+    the Gluon attention kernels, so both compute the same arithmetic."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - tl.expand_dims(m_new, 1))
+    l_i = l_i * alpha + tl.sum(p, 1)
+    return p, alpha, m_new, l_i
+
+
+@triton.jit
 def _attention_tile(q, k_src, vt_src, k_row0, k_col, vt_row0, n, keys0, d, stride_qk, vt_stride_d, S,
                     tok_c, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MUT_NONCAUSAL: tl.constexpr,
                     PREC: tl.constexpr, ROUND_P: tl.constexpr, USE_TMA: tl.constexpr):
@@ -449,10 +462,7 @@ def _attention_tile(q, k_src, vt_src, k_row0, k_col, vt_row0, n, keys0, d, strid
         else:
             visible = key_ok[None, :] & (keys[None, :] <= tok_c[:, None])
         s = tl.where(visible, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
+    p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i)
     if ROUND_P:
         p = _round_tf32(p)
     acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)

@@ -310,12 +310,17 @@ CPU_ATTENTION = AttnConfig(32, 16, 4, 1)
 del G
 
 
-H200_SMS = 132     # what a compile-only launch without a GPU assumes (benchmarks/sm90_compile.py)
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _persistent_programs(t: torch.Tensor) -> int:
+    """How many programs a persistent kernel starts: one per SM on the GPU; a few under the
+    interpreter, and in compile-only launches (where the grid does not enter the code)."""
+    if t.device.type != "cuda":
+        return 4
+    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
 
 
 def _nearest(table: Mapping[int, Any], size: int) -> Any:
@@ -441,7 +446,7 @@ def launch_mrope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sh: Sh
 def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: Shape, plan: Plan,
                      mutant: str | None = None) -> torch.Tensor:
     c = plan.attention
-    if c.gluon and plan.attention_precision == "tf32" and mutant is None and _on_gpu_or_compiling(qk):
+    if _gluon_applies(c, qk, plan.attention_precision, mutant):
         from . import _qwen2vl_gluon
         _qwen2vl_gluon.launch_attention(qk, vt, out, S=sh.S, B=sh.B, HKV=sh.Hkv, G=sh.G, QD=sh.QD, D=sh.D,
                                         qk_scale=LOG2E / math.sqrt(sh.D), block_m=c.BM, block_n=c.BN,
@@ -471,8 +476,7 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
     M, Kd = a.shape
     N = b1.shape[0]
     tiles = triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN)
-    n_prog = min(tiles, _sm_count(a.device.index if a.device.index is not None else 0)
-                 if a.device.type == "cuda" else 4)
+    n_prog = min(tiles, _persistent_programs(a))
     a_d, b1_d = _descriptor(a, [c.BM, c.BK]), _descriptor(b1, [c.BN, c.BK])
     b2_d = _descriptor(b2, [c.BN, c.BK]) if b2 is not None else b1_d
     res_arg = res if res is not None else out
@@ -486,13 +490,13 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
 def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
     from . import _qwen2vl_gluon
     _qwen2vl_gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
-                          group_m=c.GROUP_M, num_warps=c.num_warps,
-                          n_programs=_sm_count(a.device.index or 0) if a.device.type == "cuda" else H200_SMS,
+                          group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_persistent_programs(a),
                           gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])
 
 
-def _gluon_applies(c: GemmConfig, a: torch.Tensor, precision: str, mutant: str | None = None) -> bool:
-    """The Gluon kernel covers production TF32 calls on the GPU; the rest runs in Triton."""
+def _gluon_applies(c: GemmConfig | AttnConfig, a: torch.Tensor, precision: str, mutant: str | None = None) -> bool:
+    """The Gluon kernels (GEMM and attention) cover production TF32 calls on the GPU; the
+    rest runs in Triton."""
     return c.gluon and precision == "tf32" and mutant is None and _on_gpu_or_compiling(a)
 
 
