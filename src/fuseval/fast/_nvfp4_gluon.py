@@ -192,6 +192,12 @@ def nvfp4_qkv_rope_gluon_kernel(
         acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
     W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
+    # timing probes (see ``launch``): which parts of the loop run. 0 runs them all.
+    X_STREAM: gl.constexpr = PROBE <= 3           # x tiles refilled by TMA in the loop
+    X_RESIDENT: gl.constexpr = PROBE >= 5 and PROBE <= 7    # x slots filled once, reused
+    DECODE_ONCE: gl.constexpr = PROBE >= 5 and PROBE <= 7   # weight slots decoded once, reused
+    STEP_SYNC: gl.constexpr = PROBE <= 5          # fence + CTA barrier every step
+    MMA_ON: gl.constexpr = PROBE <= 1 or (PROBE >= 5 and PROBE <= 7)
     h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
                                            HQ, HKV, BM, HPT)
     c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, num_warps)
@@ -202,9 +208,16 @@ def nvfp4_qkv_rope_gluon_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
-    for i in gl.static_range(AHEAD):
-        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
+    if X_RESIDENT:
+        for i in gl.static_range(STAGES):
+            mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
+        for i in gl.static_range(STAGES):
+            mbarrier.wait(bars.index(i), phase=0)
+    elif X_STREAM:
+        for i in gl.static_range(AHEAD):
+            mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
 
     # codes and scales are loaded two steps before their decode (registers carried by
     # the loop), so that their global-memory latency hides behind two steps of work
@@ -225,17 +238,27 @@ def nvfp4_qkv_rope_gluon_kernel(
         # step kk-3, finished in every warpgroup (see AHEAD)
         if PROBE == 1:          # timing probe: the decode replaced by a constant tile
             w_smem.index(kk % WSLOTS).store(gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE))
-        else:
+        elif DECODE_ONCE:
+            if kk < WSLOTS:
+                w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
+        elif PROBE != 3:
             w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
-        nxt = kk + AHEAD
-        if nxt < NK:
-            mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
-                                            x_smem.index(nxt % STAGES))
-        fence_async_shared()
-        gl.thread_barrier()                       # every warp's part of the tile is written
-        mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
-        if PROBE != 2:          # timing probe 2: no tensor-core work
+        if X_STREAM:
+            nxt = kk + AHEAD
+            if nxt < NK:
+                mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
+                tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
+                                                x_smem.index(nxt % STAGES))
+        if STEP_SYNC:
+            fence_async_shared()
+            gl.thread_barrier()                   # every warp's part of the tile is written
+        elif DECODE_ONCE:
+            if kk < WSLOTS:
+                fence_async_shared()
+                gl.thread_barrier()
+        if X_STREAM:
+            mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
+        if MMA_ON:
             if W_AS_A:
                 acc = warpgroup_mma(w_smem.index(kk % WSLOTS), x_smem.index(kk % STAGES).permute((1, 0)), acc,
                                     is_async=True)
@@ -248,8 +271,13 @@ def nvfp4_qkv_rope_gluon_kernel(
         mbarrier.invalidate(bars.index(i))
     if W_AS_A:
         acc = gl.permute(acc, (1, 0))
-    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
+    if PROBE == 7:              # timing probe 7: an epilogue that never runs keeps the MMAs
+        if M < 0:
+            _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+                      q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
+    else:
+        _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+                  q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
 
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
@@ -259,7 +287,11 @@ def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq,
     uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
     product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
     experiments only, wrong outputs): 1 replaces the decode by a constant tile, 2 skips
-    the tensor-core products."""
+    the tensor-core products, 3 only streams the x tiles (no decode, no products), 4 only
+    decodes (no x, no products), 5 only multiplies (x and weight slots filled once and
+    reused, so neither the x stream nor the decode is in the loop), 6 is 5 without the
+    per-step fence and CTA barrier, 7 is 6 without the epilogue, 8 is 4 without the
+    per-step fence and barrier."""
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
