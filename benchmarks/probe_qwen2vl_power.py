@@ -11,11 +11,12 @@ the cap and whether a kernel of ours would have to spend less energy per FLOP th
 cuBLAS to meet the target.
 
 For every workload: one call, 1.5 s idle, then calls back to back for ``--seconds``
-(CUDA events around each call, a few calls queued ahead so that the GPU never idles,
-no L2 flush: this is a steady-state measurement, not a latency). "burst" is the rate
-over the calls that finish within the first 100 ms; "steady" is the rate over the second
-half, with the median SM clock and power that nvidia-smi reported in that half
-(``fuseval.clocks``, 100 ms samples). Writes power_probe.json and clocks.csv to $OUT.
+(``fuseval.bench.sustained_rate``: CUDA events around each call, no L2 flush, a steady
+state rather than a latency). "burst" is the rate over the calls that finish within the
+first 100 ms; "steady" is the rate over the second half, with the median SM clock and
+power that nvidia-smi reported in that half (``fuseval.clocks``, 100 ms samples).
+``fuseval bench`` reports the same steady rate for the ceiling's product
+(``--sustained-s``). Writes power_probe.json and clocks.csv to $OUT.
 
     PYTHONPATH=src python3 benchmarks/probe_qwen2vl_power.py [--m 8192] [--seconds 4]
 """
@@ -34,35 +35,14 @@ import qwen2vl_breakdown as B  # noqa: E402
 
 
 def sustained(fn, flops: float, seconds: float, monitor) -> dict:
-    """Run ``fn`` back to back for ``seconds``; burst and steady rates, clock and power."""
-    fn()
-    torch.cuda.synchronize()
-    time.sleep(1.5)
-    events = []
-    t0 = time.time()
-    while time.time() - t0 < seconds:
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        events.append((start, end))
-        if len(events) > 4:
-            events[-5][1].synchronize()      # keep four calls queued, never more
-    torch.cuda.synchronize()
-    t1 = time.time()
-    first = events[0][0]
-    finish = [first.elapsed_time(e) for _, e in events]          # ms since the first start
-    durations = [s.elapsed_time(e) for s, e in events]
-    burst = [d for f, d in zip(finish, durations) if f <= 100.0] or durations[:1]
-    half = finish[-1] / 2
-    steady = [d for f, d in zip(finish, durations) if f > half]
-    steady_rate = flops * len(steady) / (sum(steady) / 1e3)
-    window = monitor.window(t0 + (t1 - t0) / 2, t1) or {}
+    """``fuseval.bench.sustained_rate`` of ``fn``, with the clock and power of its second half."""
+    from fuseval.bench import sustained_rate
+    r = sustained_rate(fn, flops, seconds, idle_s=1.5)
+    window = monitor.window(*r.steady_interval) or {}
     power = window.get("power_w_median")
-    return {"calls": len(events), "burst_tflops": flops * len(burst) / (sum(burst) / 1e3) / 1e12,
-            "steady_tflops": steady_rate / 1e12, "steady_ms_per_call": sum(steady) / len(steady),
+    return {"calls": r.calls, "burst_tflops": r.burst_flops_per_s / 1e12, "steady_tflops": r.steady_flops_per_s / 1e12,
             "sm_mhz": window.get("sm_mhz_median"), "power_w": power,
-            "pj_per_flop": (power / steady_rate * 1e12) if power else None, "window": window}
+            "pj_per_flop": (power / r.steady_flops_per_s * 1e12) if power else None, "window": window}
 
 
 def main() -> int:

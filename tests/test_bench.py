@@ -49,6 +49,38 @@ def test_floor_is_the_larger_term():
         bench.floor_seconds({"flops": 1, "bytes": 1, "matmul_dtype": "fp8"}, c)
 
 
+def test_floor_at_the_sustained_rate_uses_the_sustained_matmul_ceiling():
+    c = bench.Ceilings("x", 1e12, {"tf32": 400e12}, {"tf32": 200e12}, 4.0)
+    compute = {"flops": 400e12, "bytes": 1e9, "matmul_dtype": "tf32"}
+    assert bench.floor_seconds(compute, c) == (1.0, "compute")
+    assert bench.floor_seconds(compute, c, sustained=True) == (2.0, "compute")
+    memory = {"flops": 1e9, "bytes": 3e12, "matmul_dtype": "tf32"}
+    assert bench.floor_seconds(memory, c, sustained=True) == (3.0, "memory")
+    with pytest.raises(ValueError, match="sustained matmul ceiling for dtype 'bf16'"):
+        bench.floor_seconds({"flops": 1, "bytes": 1, "matmul_dtype": "bf16"}, c, sustained=True)
+
+
+def test_sustained_rate_is_the_rate_of_the_second_half():
+    """A call that slows down after 0.3 s (as a GPU does when it meets its power cap):
+    the steady rate must be the slow one and the burst rate the fast one; a rate over
+    all calls would lie in between and fail."""
+    t_start = []
+
+    def slowing():
+        now = time.perf_counter()
+        t_start.append(now)
+        time.sleep(0.001 if now - t_start[0] < 0.3 else 0.003)
+
+    r = bench.sustained_rate(slowing, 1e6, 0.9, device="cpu", idle_s=0.0)
+    assert r.steady_flops_per_s == pytest.approx(1e6 / 3.1e-3, rel=0.25)
+    assert r.burst_flops_per_s == pytest.approx(1e6 / 1.1e-3, rel=0.35)
+    assert r.calls == len(t_start) - 1                  # one untimed call first
+    t0, t1 = r.steady_interval
+    assert t1 - t0 == pytest.approx(r.seconds / 2, rel=0.1)
+    with pytest.raises(ValueError, match="seconds"):
+        bench.sustained_rate(slowing, 1.0, 0.0, device="cpu")
+
+
 def test_time_call_reports_the_median_on_the_cpu():
     calls = []
 
@@ -78,20 +110,24 @@ def test_bench_spec_reads_the_operator_pieces():
     assert "fast" in spec.impls and not any(i.startswith("reference") for i in spec.impls)
 
 
-def _report(check=False) -> bench.BenchReport:
+def _report(check=False, sustained=False) -> bench.BenchReport:
     cases = []
     for i, (fast_ms, torch_ms, floor_ms) in enumerate([(0.5, 2.0, 0.25), (1.5, 4.0, 1.25)]):
         cb = bench.CaseBench(i, {"seq_len": 128 * (i + 1), "batch_size": 1},
                              {"fast": {"median_ms": fast_ms}, "torch": {"median_ms": torch_ms}},
-                             flops=1e9, bytes=1e6, floor_ms=floor_ms, bound="compute")
+                             flops=1e9, bytes=1e6, floor_ms=floor_ms, bound="compute",
+                             floor_sustained_ms=1.25 * floor_ms if sustained else None)
         if check:
             cb.check = {name: {"passed": True, "violations": [], "messages": [], "seed": 0,
                                "outputs": {"out": {"max_abs": err, "mean_abs": 0, "rel_l2": 0,
                                                    "matched_ratio": ratio}}}
                         for name, err, ratio in (("fast", 1e-3, 0.999), ("torch", 2e-3, 0.98))}
         cases.append(cb)
+    ceilings = dict(SPEC_CEILINGS.__dict__)
+    if sustained:
+        ceilings.update(sustained_matmul_flops_per_s={"bf16": 0.8 * 789e12}, sustained_s=4.0)
     return bench.BenchReport("op", "seed", "fake GPU", 7, "benchmark", ["fast", "torch"], "fast",
-                             SPEC_CEILINGS.__dict__, {}, cases)
+                             ceilings, {}, cases)
 
 
 def test_report_suite_means_floor_fraction_and_speedup():
@@ -114,6 +150,32 @@ def test_write_outputs_json_table_and_plot(tmp_path):
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_report_shows_the_floor_at_the_sustained_rate(tmp_path):
+    report = _report(sustained=True)
+    s = report.summary()
+    assert s["sustained_floor_mean_ms"] == pytest.approx(0.9375)
+    assert s["fraction_of_sustained_floor"]["fast"] == pytest.approx(0.9375)
+    assert s["fraction_of_floor"]["fast"] == pytest.approx(0.75)      # the burst floor is unchanged
+    lines = bench.sustained_lines(report)
+    assert lines == ["sustained ceilings (second half of 4 s of back-to-back products): "
+                     "bf16 631 TFLOP/s (80.0% of the burst ceiling)",
+                     "floor at the sustained rate: 0.9375 ms (suite mean); fast reaches 93.8% of it. It binds "
+                     "only the cases whose kernels draw the GPU to its power cap (their clock falls below the "
+                     "ceilings'); a kernel that runs at full clock can go below it"]
+    bench.write_outputs(report, str(tmp_path), plot=False)
+    text = (tmp_path / "bench.txt").read_text()
+    assert "fast % sust. floor" in text and "93.8%" in text and "sustained for 4 s: bf16 631" in text
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["cases"][1]["floor_sustained_ms"] == pytest.approx(1.5625)
+    plain = _report()
+    assert bench.sustained_lines(plain) == [] and "sustained_floor_mean_ms" not in plain.summary()
+
+
+def test_run_bench_rejects_a_negative_sustained_time():
+    with pytest.raises(ValueError, match="sustained_s: expected seconds >= 0"):
+        bench.run_bench("nvfp4_qkv_rope", device="cpu", sustained_s=-1.0)
+
+
 @no_cuda
 def test_bench_command_skips_cleanly_without_a_gpu(tmp_path, capsys):
     assert cli_main(["bench", "--op", "nvfp4_qkv_rope", "--out", str(tmp_path)]) == EXIT_OK
@@ -132,7 +194,7 @@ def test_run_bench_refuses_the_cpu():
 @needs_cuda
 def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     report = bench.run_bench("nvfp4_qkv_rope", ["fast", "torch_cached"], cases="0", config="small",
-                             check=True, rep_ms=5, warmup_ms=2, min_reps=3, max_reps=10)
+                             check=True, rep_ms=5, warmup_ms=2, min_reps=3, max_reps=10, sustained_s=1.0)
     cb = report.cases[0]
     assert cb.timings["fast"]["median_ms"] > 0 and cb.floor_ms > 0
     assert cb.check["fast"]["passed"]
@@ -140,4 +202,9 @@ def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     clocks = report.settings["clocks"]
     assert clocks["sampled"], clocks                  # nvidia-smi is there wherever a GPU is
     assert clocks["ceilings"]["samples"] >= 1 and 500 < clocks["ceilings"]["sm_mhz_median"] < 3000
+    # the sustained bf16 rate: measured, not above the burst one (beyond noise), with its clock
+    burst, steady = (report.ceilings[k]["bf16"] for k in ("matmul_flops_per_s", "sustained_matmul_flops_per_s"))
+    assert 0.3 * burst < steady < 1.1 * burst
+    assert cb.floor_sustained_ms >= 0.9 * cb.floor_ms
+    assert clocks["sustained_ceilings"]["bf16"]["samples"] >= 1
     bench.write_outputs(report, str(tmp_path))

@@ -21,7 +21,12 @@ What one run measures, for each benchmark case of an operator:
 * the **SM clock and power** while the ceilings and each timing ran (``fuseval.clocks``,
   sampled by nvidia-smi in a separate process): long tensor-core loads meet the GPU's
   power cap and run at a lower clock than the short ceiling measurements, which the
-  fraction of the floor alone does not show.
+  fraction of the floor alone does not show;
+* the **sustained floor** (``sustained_s`` > 0): the same floor with the matmul ceiling
+  of the operator's dtype measured again over the last half of ``sustained_s`` seconds
+  of back-to-back products, i.e. at whatever clock the power cap leaves. The burst floor
+  stays the benchmark's floor (the targets are stated against it); the sustained one
+  says how much of a large case's distance to it no kernel can close on this GPU.
 
 Per-operator pieces come from the operator's files, nothing here names an operator:
 the implementations to time default to every entry of the definition's
@@ -47,7 +52,8 @@ import torch
 from . import ops as _ops
 from .definitions import Definition
 
-__all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "Timing", "time_call", "BenchSpec",
+__all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
+           "SustainedRate", "sustained_rate", "BenchSpec",
            "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
            "print_bench_report", "write_outputs", "plot_report"]
 
@@ -144,25 +150,111 @@ def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", war
     return Timing.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
 
 
+@dataclass(frozen=True)
+class SustainedRate:
+    """FLOP/s of a call repeated back to back: over its first 100 ms (``burst``) and over
+    the second half of the run (``steady``), with that half's wall-clock interval (for
+    ``fuseval.clocks``)."""
+    steady_flops_per_s: float
+    burst_flops_per_s: float
+    calls: int
+    seconds: float
+    steady_interval: tuple[float, float]
+
+
+def sustained_rate(fn: Callable[[], Any], flops: float, seconds: float, *,
+                   device: torch.device | str = "cuda", idle_s: float = 1.0) -> SustainedRate:
+    """Call ``fn`` (``flops`` FLOPs per call) back to back for ``seconds`` after ``idle_s``
+    of rest, timing every call: on a GPU with CUDA events, four calls queued ahead so that
+    the device never waits for the host (no L2 flush: a steady state, not a latency); on
+    the CPU with perf_counter around synchronous calls (tests). A GPU at its power cap
+    settles within a fraction of a second, so the second half is its steady rate."""
+    device = torch.device(device)
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    time.sleep(idle_s)
+    durations, finish = [], []          # ms of each call; ms from the first start to its end
+    t0 = time.time()
+    if device.type == "cuda":
+        events = []
+        while time.time() - t0 < seconds:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+            if len(events) > 4:
+                events[-5][1].synchronize()
+        torch.cuda.synchronize(device)
+        first = events[0][0]
+        durations = [s.elapsed_time(e) for s, e in events]
+        finish = [first.elapsed_time(e) for _, e in events]
+    else:
+        p0 = time.perf_counter()
+        while time.time() - t0 < seconds:
+            a = time.perf_counter()
+            fn()
+            b = time.perf_counter()
+            durations.append(1e3 * (b - a))
+            finish.append(1e3 * (b - p0))
+    t1 = time.time()
+    half = finish[-1] / 2
+    steady = [d for f, d in zip(finish, durations) if f > half] or durations[-1:]
+    burst = [d for f, d in zip(finish, durations) if f <= 100.0] or durations[:1]
+    return SustainedRate(flops * len(steady) / (sum(steady) / 1e3), flops * len(burst) / (sum(burst) / 1e3),
+                         len(durations), t1 - t0, (t0 + (t1 - t0) / 2, t1))
+
+
 # --------------------------------------------------------------------------- ceilings
 @dataclass
 class Ceilings:
     """Measured rates of this device: bytes/s of a device copy (read + write) and
-    FLOP/s of large matrix products per operand dtype."""
+    FLOP/s of large matrix products per operand dtype, in short bursts; optionally the
+    matmul rate of some dtypes sustained for seconds (``sustained_*``)."""
     device_name: str
     copy_bytes_per_s: float
     matmul_flops_per_s: dict[str, float]
+    sustained_matmul_flops_per_s: dict[str, float] = field(default_factory=dict)
+    sustained_s: float = 0.0
+    sustained_intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
-    def rate(self, dtype: str) -> float:
-        if dtype not in self.matmul_flops_per_s:
-            raise ValueError(f"no measured matmul ceiling for dtype {dtype!r}; "
-                             f"measured: {sorted(self.matmul_flops_per_s)}")
-        return self.matmul_flops_per_s[dtype]
+    def rate(self, dtype: str, *, sustained: bool = False) -> float:
+        rates = self.sustained_matmul_flops_per_s if sustained else self.matmul_flops_per_s
+        if dtype not in rates:
+            kind = "sustained matmul ceiling" if sustained else "matmul ceiling"
+            raise ValueError(f"no measured {kind} for dtype {dtype!r}; measured: {sorted(rates)}")
+        return rates[dtype]
+
+
+_MATMUL_DTYPES = {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
+                  "tf32": (torch.float32, True), "fp32": (torch.float32, False)}
+
+
+def _square_matmul(name: str, n: int, device: torch.device):
+    """A thunk for one n^3 product of random operands in the dtype named ``name`` (with
+    torch's TF32 switch set for it while it runs)."""
+    dtype, tf32 = _MATMUL_DTYPES[name]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+
+    def product():
+        old = torch.backends.cuda.matmul.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        try:
+            torch.matmul(a, b, out=out)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32 = old
+    return product
 
 
 def measure_ceilings(device: torch.device | str = "cuda", *, matmul_n: int = 8192,
                      copy_bytes: int = 2 << 30) -> Ceilings:
-    """Copy bandwidth and matmul rates (bf16, fp16, tf32, fp32), measured here and now."""
+    """Copy bandwidth and matmul rates (bf16, fp16, tf32, fp32), measured here and now in
+    short bursts."""
     device = torch.device(device)
     _require_cuda(device)
     src = torch.randn(copy_bytes // 4, device=device)
@@ -173,22 +265,34 @@ def measure_ceilings(device: torch.device | str = "cuda", *, matmul_n: int = 819
     del src, dst
 
     rates = {}
-    n = matmul_n
-    old_tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        for name, dtype, tf32 in (("bf16", torch.bfloat16, False), ("fp16", torch.float16, False),
-                                  ("tf32", torch.float32, True), ("fp32", torch.float32, False)):
-            torch.backends.cuda.matmul.allow_tf32 = tf32
-            a = torch.randn(n, n, device=device, dtype=dtype)
-            b = torch.randn(n, n, device=device, dtype=dtype)
-            t = time_call(lambda: a @ b, device=device, warmup_ms=20, rep_ms=60 if name != "fp32" else 150,
-                          min_reps=3, max_reps=30, flush=False)
-            rates[name] = 2 * n ** 3 / (t.median_ms / 1e3)
-            del a, b
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old_tf32
+    for name in _MATMUL_DTYPES:
+        product = _square_matmul(name, matmul_n, device)
+        t = time_call(product, device=device, warmup_ms=20, rep_ms=60 if name != "fp32" else 150,
+                      min_reps=3, max_reps=30, flush=False)
+        rates[name] = 2 * matmul_n ** 3 / (t.median_ms / 1e3)
+        del product
     torch.cuda.empty_cache()
     return Ceilings(torch.cuda.get_device_name(device), copy_bw, rates)
+
+
+def measure_sustained(ceilings: Ceilings, dtypes: Sequence[str], seconds: float, *,
+                      device: torch.device | str = "cuda", matmul_n: int = 8192) -> Ceilings:
+    """Add to ``ceilings`` the steady rate (``sustained_rate``) of the n^3 product in each
+    of ``dtypes``, run back to back for ``seconds``."""
+    device = torch.device(device)
+    _require_cuda(device)
+    unknown = sorted(set(dtypes) - set(_MATMUL_DTYPES))
+    if unknown:
+        raise ValueError(f"dtypes: expected some of {sorted(_MATMUL_DTYPES)}, got {unknown}")
+    for name in dtypes:
+        product = _square_matmul(name, matmul_n, device)
+        r = sustained_rate(product, 2 * matmul_n ** 3, seconds, device=device)
+        ceilings.sustained_matmul_flops_per_s[name] = r.steady_flops_per_s
+        ceilings.sustained_intervals[name] = r.steady_interval
+        del product
+    ceilings.sustained_s = seconds
+    torch.cuda.empty_cache()
+    return ceilings
 
 
 # --------------------------------------------------------------------------- per-operator pieces
@@ -220,9 +324,10 @@ def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpe
     return BenchSpec(defn.name, chosen, fast, getattr(module, "cost_model", None))
 
 
-def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings) -> tuple[float, str]:
-    """max(FLOPs / matmul rate, bytes / copy bandwidth), and which term bounds it."""
-    compute = float(cost["flops"]) / ceilings.rate(str(cost.get("matmul_dtype", "bf16")))
+def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:
+    """max(FLOPs / matmul rate, bytes / copy bandwidth), and which term bounds it; with
+    ``sustained`` the matmul rate is the sustained one."""
+    compute = float(cost["flops"]) / ceilings.rate(str(cost.get("matmul_dtype", "bf16")), sustained=sustained)
     memory = float(cost["bytes"]) / ceilings.copy_bytes_per_s
     return (compute, "compute") if compute >= memory else (memory, "memory")
 
@@ -238,6 +343,7 @@ class CaseBench:
     bytes: float | None = None
     floor_ms: float | None = None
     bound: str | None = None
+    floor_sustained_ms: float | None = None          # the floor at the sustained matmul rate
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
     clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
 
@@ -264,8 +370,8 @@ class BenchReport:
         vals = [c.median(impl) for c in self.cases]
         return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
 
-    def floor_mean(self) -> float | None:
-        vals = [c.floor_ms for c in self.cases]
+    def floor_mean(self, *, sustained: bool = False) -> float | None:
+        vals = [c.floor_sustained_ms if sustained else c.floor_ms for c in self.cases]
         return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
 
     @property
@@ -281,6 +387,10 @@ class BenchReport:
         out: dict[str, Any] = {"suite_mean_ms": means, "floor_mean_ms": floor}
         if floor is not None:
             out["fraction_of_floor"] = {i: (floor / m if m else None) for i, m in means.items()}
+        sustained = self.floor_mean(sustained=True)
+        if sustained is not None:
+            out["sustained_floor_mean_ms"] = sustained
+            out["fraction_of_sustained_floor"] = {i: (sustained / m if m else None) for i, m in means.items()}
         if self.fast and means.get(self.fast):
             out["speedup_of_fast"] = {i: (m / means[self.fast] if m else None)
                                       for i, m in means.items() if i != self.fast}
@@ -308,13 +418,17 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
               device: str | torch.device = "cuda", seed: int | None = None, mode: str = "benchmark",
               check: bool = False, hygiene: bool = True, flush: bool = True,
               warmup_ms: float = 30.0, rep_ms: float = 150.0, min_reps: int = 10, max_reps: int = 500,
-              ceilings: Ceilings | None = None, monitor_clocks: bool = True,
+              ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
               progress: Callable[[str], None] | None = None) -> BenchReport:
     """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
-    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``)."""
+    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``).
+    ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
+    for that many seconds, and give each case a sustained floor (0: not)."""
     from .clocks import ClockMonitor, wall
     from .clocks import summarize as summarize_clocks
 
+    if sustained_s < 0:
+        raise ValueError(f"sustained_s: expected seconds >= 0 (0 = off), got {sustained_s}")
     device = torch.device(device)
     _require_cuda(device)
     operator = _ops.get(op, config)
@@ -333,10 +447,15 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     ceilings_interval = None
     try:
         if ceilings is None and spec.cost_model is not None:
-            say("measuring ceilings (copy bandwidth, matmul rates)...")
+            dtypes = sorted({str(spec.cost_model(defn.resolve_axes(c.axes)).get("matmul_dtype", "bf16"))
+                             for c in defn.cases(cases)}) if sustained_s > 0 else []
+            say("measuring ceilings (copy bandwidth, matmul rates"
+                + (f"; {', '.join(dtypes)} sustained for {sustained_s:g} s" if dtypes else "") + ")...")
             t0 = wall()
             ceilings = measure_ceilings(device)
             ceilings_interval = (t0, wall())
+            if dtypes:
+                measure_sustained(ceilings, dtypes, sustained_s, device=device)
         results = _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
                                warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say)
     finally:
@@ -350,6 +469,9 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
         monitor.close()
         if ceilings_interval is not None:
             clocks["ceilings"] = summarize_clocks(samples, *ceilings_interval)
+        if ceilings is not None and ceilings.sustained_intervals:
+            clocks["sustained_ceilings"] = {d: summarize_clocks(samples, *iv)
+                                            for d, iv in ceilings.sustained_intervals.items()}
         for cb in results:
             for name in spec.impls:
                 if (cb.case, name) in intervals:
@@ -381,6 +503,8 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
             if ceilings is not None:
                 floor, cb.bound = floor_seconds(cost, ceilings)
                 cb.floor_ms = floor * 1e3
+                if ceilings.sustained_matmul_flops_per_s:
+                    cb.floor_sustained_ms = floor_seconds(cost, ceilings, sustained=True)[0] * 1e3
         inputs = generate_inputs(defn, case.axes, seed=seed + case.index, mode=mode, device=device)
         if check:
             for name in spec.impls:
@@ -437,6 +561,9 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
     if c:
         rates = ", ".join(f"{k} {v / 1e12:.0f}" for k, v in c["matmul_flops_per_s"].items())
         title += f"\nceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s; matmul TFLOP/s: {rates}"
+        if c.get("sustained_matmul_flops_per_s"):
+            title += f"; sustained for {c['sustained_s']:g} s: " + ", ".join(
+                f"{k} {v / 1e12:.0f}" for k, v in c["sustained_matmul_flops_per_s"].items())
     from rich.markup import escape
     table = Table(title=escape(title))
     table.add_column("case", justify="right")
@@ -445,8 +572,11 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
         table.add_column(f"{i} ms", justify="right")
     table.add_column("floor ms", justify="right")
     fast = report.fast
+    show_sustained = bool(fast) and any(cb.floor_sustained_ms for cb in report.cases)
     if fast:
         table.add_column(f"{fast} % floor", justify="right")
+        if show_sustained:
+            table.add_column(f"{fast} % sust. floor", justify="right")
         for b in report.impls:
             if b != fast:
                 table.add_column(f"x vs {b}", justify="right")
@@ -462,6 +592,8 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
         if fast:
             f = cb.median(fast)
             row.append(f"{100 * cb.floor_ms / f:.1f}%" if f and cb.floor_ms else "-")
+            if show_sustained:
+                row.append(f"{100 * cb.floor_sustained_ms / f:.1f}%" if f and cb.floor_sustained_ms else "-")
             for b in report.impls:
                 if b != fast:
                     t = cb.median(b)
@@ -478,6 +610,8 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
     table.add_row("mean", "", *[_ms(means[i]) for i in report.impls], _ms(s["floor_mean_ms"]),
                   *([f"{100 * s['fraction_of_floor'][fast]:.1f}%" if s.get("fraction_of_floor") and
                      s["fraction_of_floor"].get(fast) else "-"] if fast else []),
+                  *([f"{100 * s['fraction_of_sustained_floor'][fast]:.1f}%"
+                     if s.get("fraction_of_sustained_floor", {}).get(fast) else "-"] if show_sustained else []),
                   *([f"{s['speedup_of_fast'][b]:.2f}" if s.get("speedup_of_fast") and s["speedup_of_fast"].get(b)
                      else "-" for b in report.impls if b != fast] if fast else []),
                   *([""] if show_mhz else []), *([""] if report.checked else []))
@@ -521,6 +655,7 @@ def summary_lines(report: BenchReport) -> list[str]:
     if s.get("fraction_of_floor") and report.fast and s["fraction_of_floor"].get(report.fast):
         lines.append(f"{report.fast} reaches {100 * s['fraction_of_floor'][report.fast]:.1f}% of the floor "
                      "(floor mean / suite mean)")
+    lines.extend(sustained_lines(report))
     if s.get("speedup_of_fast"):
         lines.append(f"{report.fast} is " + ", ".join(
             f"{v:.2f}x faster than {k}" for k, v in s["speedup_of_fast"].items() if v) + " (ratio of suite means)")
@@ -530,6 +665,33 @@ def summary_lines(report: BenchReport) -> list[str]:
         if report.fast:
             lines.extend(_error_comparison(report))
     lines.extend(clock_lines(report))
+    return lines
+
+
+def sustained_lines(report: BenchReport) -> list[str]:
+    """The sustained matmul ceilings against the burst ones, with the clock and power they
+    ran at, and the fast path's fraction of the floor at that rate."""
+    c = report.ceilings or {}
+    steady = c.get("sustained_matmul_flops_per_s") or {}
+    if not steady:
+        return []
+    clocks = ((report.settings.get("clocks") or {}).get("sustained_ceilings")) or {}
+    parts = []
+    for dtype, rate in steady.items():
+        burst = c["matmul_flops_per_s"].get(dtype)
+        w = clocks.get(dtype)
+        where = f" at {w['sm_mhz_median']:.0f} MHz, {w['power_w_median'] or 0:.0f} W" if w else ""
+        parts.append(f"{dtype} {rate / 1e12:.0f} TFLOP/s" + (f" ({100 * rate / burst:.1f}% of the burst ceiling)"
+                                                            if burst else "") + where)
+    lines = [f"sustained ceilings (second half of {c['sustained_s']:g} s of back-to-back products): "
+             + "; ".join(parts)]
+    s = report.summary()
+    frac = (s.get("fraction_of_sustained_floor") or {}).get(report.fast) if report.fast else None
+    if s.get("sustained_floor_mean_ms") is not None:
+        lines.append(f"floor at the sustained rate: {_ms(s['sustained_floor_mean_ms'])} ms (suite mean)"
+                     + (f"; {report.fast} reaches {100 * frac:.1f}% of it" if frac else "")
+                     + ". It binds only the cases whose kernels draw the GPU to its power cap (their clock "
+                       "falls below the ceilings'); a kernel that runs at full clock can go below it")
     return lines
 
 
@@ -602,6 +764,11 @@ def plot_report(report: BenchReport, path: str) -> str:
     if any(f is not None for f in floors):
         ax.plot([x for x, f in zip(xs, floors) if f is not None], [f for f in floors if f is not None],
                 linestyle="--", color="black", label=f"floor (mean {_ms(report.floor_mean())} ms)")
+    sustained = [c.floor_sustained_ms for c in report.cases]
+    if any(f is not None for f in sustained):
+        ax.plot([x for x, f in zip(xs, sustained) if f is not None], [f for f in sustained if f is not None],
+                linestyle=":", color="gray",
+                label=f"floor at the sustained matmul rate (mean {_ms(report.floor_mean(sustained=True))} ms)")
     ax.set_yscale("log")
     ax.set_xticks(xs)
     ax.set_xticklabels(labels, fontsize=7)
