@@ -280,106 +280,9 @@ def nvfp4_qkv_rope_gluon_kernel(
                   q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
 
 
-@gluon.jit
-def _ws_mma_partition(x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM: gl.constexpr, BN: gl.constexpr,
-                      NK: gl.constexpr, SLOTS: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-                      HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
-    """Default partition of the warp-specialized kernel: per K step, wait for the slot's
-    x tile (TMA) and weight tile (decode partition), issue the transposed wgmma, and once
-    the product of the previous step has finished in both warpgroups give its slot back;
-    then the epilogue. No shared-memory writes here, so no proxy fence in the loop."""
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BM, 16])
-    acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
-    for kk in range(NK):
-        slot = kk % SLOTS
-        phase = (kk // SLOTS) & 1
-        mbarrier.wait(x_ready.index(slot), phase)
-        mbarrier.wait(w_ready.index(slot), phase)
-        acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-        gl.thread_barrier()                       # both warpgroups are done with step kk-1
-        mbarrier.arrive(slot_free.index((kk + SLOTS - 1) % SLOTS), pred=kk > 0)
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-    (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S) = epi
-    _epilogue(gl.permute(acc, (1, 0)), h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
-
-
-@gluon.jit
-def _ws_decode_partition(x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0, off_m,
-                         K: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NB: gl.constexpr,
-                         SLOTS: gl.constexpr, DECODE_WARPS: gl.constexpr):
-    """Worker partition: per K step, once its slot is free, start the TMA copy of the x
-    tile, decode the weight tile into the slot (codes and scales loaded two steps ahead),
-    and signal the MMA partition. It runs up to SLOTS steps ahead of the products."""
-    NK: gl.constexpr = K // BK
-    c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, DECODE_WARPS)
-    codes_1 = gl.load(c_ptrs)
-    sbits_1 = gl.load(s_ptrs)
-    codes_2 = gl.load(c_ptrs + gl.minimum(1, NK - 1) * (BK // 8))
-    sbits_2 = gl.load(s_ptrs + gl.minimum(1, NK - 1) * NB)
-    for kk in range(NK):
-        slot = kk % SLOTS
-        # the slot's previous contents (step kk - SLOTS) must have been consumed
-        mbarrier.wait(slot_free.index(slot), ((kk // SLOTS) + 1) & 1, pred=kk >= SLOTS)
-        mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(x_desc, [off_m, kk * BK], x_ready.index(slot), x_smem.index(slot))
-        codes = codes_1
-        sbits = sbits_1
-        codes_1 = codes_2
-        sbits_1 = sbits_2
-        ahead = gl.minimum(kk + 2, NK - 1)
-        codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
-        sbits_2 = gl.load(s_ptrs + ahead * NB)
-        w_smem.index(slot).store(_decode_step(codes, sbits, BN, BK))
-        fence_async_shared()
-        gl.thread_barrier()                       # the whole tile is written (this partition's warps)
-        mbarrier.arrive(w_ready.index(slot))
-
-
-@gluon.jit
-def nvfp4_qkv_rope_gluon_ws_kernel(
-        x_desc, cos_ptr, sin_ptr,
-        wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, M, S,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, SLOTS: gl.constexpr,
-        GS_FROM_PTR: gl.constexpr, DECODE_WARPS: gl.constexpr, DECODE_REGS: gl.constexpr,
-        num_warps: gl.constexpr):
-    """Warp-specialized variant (experiment, see benchmarks/notes_nvfp4_qkv_rope.md): the
-    kernel's warps only issue the transposed products and run the epilogue; DECODE_WARPS
-    extra warps, with DECODE_REGS registers each, decode the weights and start the x
-    copies, SLOTS steps (x tile + weight tile) ahead, so that the decode runs beside the
-    products instead of between them."""
-    BN: gl.constexpr = 128
-    NK: gl.constexpr = K // BK
-    NB: gl.constexpr = BK // 16
-    W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
-                                           HQ, HKV, BM, 1)
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BM, BK], x_desc.layout)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS, BN, BK], W_SMEM)
-    x_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    w_ready = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    slot_free = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(SLOTS):
-        mbarrier.init(x_ready.index(i), count=1)
-        mbarrier.init(w_ready.index(i), count=1)
-        mbarrier.init(slot_free.index(i), count=1)
-    epi = (h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps, q_out, k_out, v_out, M, S)
-    gl.warp_specialize([
-        (_ws_mma_partition, (x_smem, w_smem, x_ready, w_ready, slot_free, epi, BM, BN, NK, SLOTS, HQ, HKV, 1,
-                             GS_FROM_PTR, num_warps)),
-        (_ws_decode_partition, (x_desc, x_smem, w_smem, x_ready, w_ready, slot_free, w_base, s_base, row0,
-                                off_m, K, BN, BK, NB, SLOTS, DECODE_WARPS)),
-    ], [DECODE_WARPS], [DECODE_REGS])
-
-
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
            block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, w_as_a: bool = False,
-           num_warps: int = 8, probe: int = 0, decode_warps: int = 0, decode_regs: int = 64):
+           num_warps: int = 8, probe: int = 0):
     """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
     uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
     product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
@@ -392,14 +295,6 @@ def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq,
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
-    if decode_warps:            # the warp-specialized experiment: transposed, one head per program
-        assert w_as_a and heads_per_tile == 1 and probe == 0, "the warp-specialized kernel: W_AS_A, HPT 1, no probe"
-        nvfp4_qkv_rope_gluon_ws_kernel[grid](
-            x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
-            outs[0], outs[1], outs[2], m, seq, K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k,
-            SLOTS=stages, GS_FROM_PTR=gs_from_ptr, DECODE_WARPS=decode_warps, DECODE_REGS=decode_regs,
-            num_warps=num_warps)
-        return
     nvfp4_qkv_rope_gluon_kernel[grid](
         x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
         outs[0], outs[1], outs[2], m, seq,
