@@ -68,7 +68,8 @@ def main() -> None:
                     reference = [o.clone() for o in outs]
                 else:
                     diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(outs, reference))
-                    note = f"  max |difference| to the first config: {diff:.3g}"
+                    nans = sum(int(o.isnan().sum()) for o in outs)
+                    note = f"  max |difference| to the first config: {diff:.3g}, NaN left: {nans}"
             t = time_call(fn, warmup_ms=20, rep_ms=100)
             if probe == 3:
                 hpt = cfg[3] if len(cfg) > 3 else 1
