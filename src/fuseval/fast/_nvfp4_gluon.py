@@ -208,16 +208,14 @@ def nvfp4_qkv_rope_gluon_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
+    # the first x tiles: AHEAD of them when x streams, every slot once for probes 5-7
+    PROLOGUE: gl.constexpr = STAGES if X_RESIDENT else (AHEAD if X_STREAM else 0)
+    for i in gl.static_range(PROLOGUE):
+        mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
     if X_RESIDENT:
         for i in gl.static_range(STAGES):
-            mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
-        for i in gl.static_range(STAGES):
             mbarrier.wait(bars.index(i), phase=0)
-    elif X_STREAM:
-        for i in gl.static_range(AHEAD):
-            mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
 
     # codes and scales are loaded two steps before their decode (registers carried by
     # the loop), so that their global-memory latency hides behind two steps of work
