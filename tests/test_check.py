@@ -516,6 +516,25 @@ def test_unwritten_output_elements_show_as_nan_on_cuda():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
+@pytest.mark.parametrize("keep_numel, frag_numel", [(1000, 100_000), (1_000_000, 2_000_000)])
+def test_poison_reaches_the_free_fragments_of_live_segments(keep_numel, frag_numel):
+    """A freed fragment of a segment that still holds a live tensor stays in torch's cache
+    (empty_cache cannot return it) and is the best fit for the next allocation of its
+    size: it must hold NaN after poison_allocator, not its old values. Small pool (400 KB
+    beside 4 KB) and large pool (8 MB beside 4 MB in one 20 MB segment)."""
+    from fuseval.check import poison_allocator
+    keep = torch.ones(keep_numel, device="cuda")
+    frag = torch.full((frag_numel,), 7.0, device="cuda")
+    del frag
+    poison_allocator(torch.device("cuda"), 4096)
+    again = torch.empty(frag_numel, device="cuda")
+    assert bool(again.isnan().all()), f"{int((~again.isnan()).sum())} of {frag_numel} elements not NaN"
+    assert bool((keep == 1).all())                # live tensors are left alone
+    del keep, again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
 def test_hygiene_mutants_on_cuda():
     assert "mutated_input" in violations(run(OP_A, mutates_input, device="cuda"))
     assert "aliased_output" in violations(run(OP_A, returns_view_of_input, device="cuda"))

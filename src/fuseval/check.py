@@ -128,17 +128,43 @@ def _overlaps(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def poison_allocator(device: torch.device, nbytes: int) -> None:
-    """Fill memory the caching allocator will hand out next with NaN.
+    """Fill the memory the caching allocator will hand out next with NaN.
 
-    On CUDA, a freed block stays in torch's cache and is reused for the next allocations
-    of similar size, so outputs an implementation allocates but never fully writes show
-    NaN. On the CPU, large allocations come fresh from the OS (zeros); unwritten elements
-    are then caught by the comparison with the oracle and the all-zero rule."""
+    On CUDA, a freed block stays in torch's cache and is reused for the next allocations,
+    so outputs an implementation allocates but never fully writes show NaN. The allocator
+    hands out the smallest cached block that fits, and a segment that still holds a live
+    tensor keeps its free fragments in the cache even through ``empty_cache``: so every
+    free block in the cache is taken, filled with NaN and given back (small-pool
+    fragments in pieces of at most 1 MiB, the largest request that pool serves), and then
+    one fresh block of ``nbytes`` for outputs larger than anything cached. On the CPU,
+    large allocations come fresh from the OS (zeros); unwritten elements are then caught
+    by the comparison with the oracle and the all-zero rule."""
     if device.type != "cuda" or nbytes <= 0:
         return
-    block = torch.empty(int(nbytes) // 4 + 1, dtype=torch.float32, device=device)
-    block.fill_(float("nan"))
-    del block
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()                      # whole free segments go back to the driver
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    small_max = 1 << 20
+    requests = []
+    for segment in torch.cuda.memory_snapshot():
+        if segment.get("device", index) != index:
+            continue
+        for block in segment.get("blocks", []):
+            if block.get("state") != "inactive":
+                continue
+            size = int(block["size"])
+            if segment.get("segment_type") == "small":
+                requests += [small_max] * (size // small_max) + ([size % small_max] if size % small_max else [])
+            else:
+                requests.append(size)
+    held = []
+    for size in sorted(requests):
+        held.append(torch.empty(max(size // 4, 1), dtype=torch.float32, device=device).fill_(float("nan")))
+    try:
+        held.append(torch.empty(int(nbytes) // 4 + 1, dtype=torch.float32, device=device).fill_(float("nan")))
+    except torch.cuda.OutOfMemoryError:           # no room for a fresh block: the cache is poisoned
+        pass
+    del held
 
 
 # --------------------------------------------------------------------------- one case
