@@ -23,6 +23,7 @@ from fuseval.inputs import generate_inputs
 from fuseval.refimpl import nvfp4_qkv_rope as op_b
 from fuseval.refimpl import qwen2vl_decoder_layer as op_a
 from fuseval.refimpl import stages as st
+from act_quant_independent import quantize_loops
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -37,7 +38,9 @@ AXES_B = {"batch_size": 2, "seq_len": 5}
 
 STAGES_A = ["input_norm", "qkv_proj", "mrope", "attention", "o_proj", "post_norm", "gate_up", "act",
             "down", "residual"]
-STAGES_B = ["dequant", "proj", "qk_norm", "rope", "layout"]
+STAGES_B = ["act_quant", "dequant", "proj", "qk_norm", "rope", "layout"]
+# op B's dequant does not read the activations: it is not downstream of act_quant
+INDEPENDENT = {("act_quant", "dequant")}
 
 
 def _g(seed):
@@ -67,8 +70,11 @@ def rope_pairs(t: np.ndarray, cos_at, sin_at) -> np.ndarray:
     return out
 
 
-def mrope_axis(d: int, head_dim: int) -> int:
-    """SPEC: axis 0,1,2,0,1,2 over consecutive chunks (D/8, 3D/16, 3D/16) x 2."""
+def mrope_axis(d: int, head_dim: int, layout: str = "sol") -> int:
+    """SPEC: the benchmark ("sol") takes axis 0 for d < D/4, 1 for d < 5D/8, 2 above;
+    HF ("hf") axes 0,1,2,0,1,2 over consecutive chunks (D/8, 3D/16, 3D/16) x 2."""
+    if layout == "sol":
+        return 0 if d < head_dim // 4 else (1 if d < 5 * head_dim // 8 else 2)
     s0, s1 = head_dim // 8, 3 * head_dim // 16
     r = d % (head_dim // 2)
     return 0 if r < s0 else (1 if r < s0 + s1 else 2)
@@ -94,8 +100,9 @@ def attention_loops(q, k, v, group):
     return out
 
 
-def oracle_a(inputs, num_heads, num_kv_heads, head_dim):
-    """Op A from SPEC.md; returns (output [B,S,H], stage values in the tap layouts)."""
+def oracle_a(inputs, num_heads, num_kv_heads, head_dim, layout="sol"):
+    """Op A from SPEC.md; returns (output [B,S,H], stage values in the tap layouts).
+    The cos/sin tables may have more rows than S: token s reads row s."""
     (x, ln1, wq, bq, wk, bk, wv, bv, wo, cos, sin, ln2, wg, wu, wd, eps) = [
         t.double().numpy() if isinstance(t, torch.Tensor) else float(t) for t in inputs]
     B, S, H = x.shape
@@ -116,8 +123,8 @@ def oracle_a(inputs, num_heads, num_kv_heads, head_dim):
                 rows = slice(head * D, (head + 1) * D)
                 k[b][s][head] = wk[rows] @ h[b, s] + bk[rows]
                 v[b][s][head] = wv[rows] @ h[b, s] + bv[rows]
-            cos_at = lambda d, b=b, s=s: cos[mrope_axis(d, D), b, s, d]
-            sin_at = lambda d, b=b, s=s: sin[mrope_axis(d, D), b, s, d]
+            cos_at = lambda d, b=b, s=s: cos[mrope_axis(d, D, layout), b, s, d]
+            sin_at = lambda d, b=b, s=s: sin[mrope_axis(d, D, layout), b, s, d]
             for head in range(Hq):
                 qr[b][s][head] = rope_pairs(q[b][s][head], cos_at, sin_at)
             for head in range(Hkv):
@@ -182,9 +189,23 @@ def dequant_loops(packed: torch.Tensor, scale: torch.Tensor, gs: float) -> np.nd
     return w
 
 
-def oracle_b(inputs, num_heads, num_kv_heads, head_dim):
-    """Op B from SPEC.md; returns ((q, k, v) [B,h,S,D], stage values in the tap layouts)."""
+def act_quant_loops(x: torch.Tensor) -> np.ndarray:
+    """x_hat [B, S, H]: the benchmark's quantizer over all B*S tokens (one global amax),
+    per element (tests/act_quant_independent.py), decoded one element at a time."""
+    B, S, H = x.shape
+    codes, scales, gd = quantize_loops(x.float().reshape(B * S, H))
+    out = np.zeros((B * S, H))
+    for r in range(B * S):
+        for c in range(H):
+            out[r, c] = e2m1(int(codes[r, c])) * e4m3(int(scales[r, c // 16])) * float(gd)
+    return out.reshape(B, S, H)
+
+
+def oracle_b(inputs, num_heads, num_kv_heads, head_dim, activations="nvfp4"):
+    """Op B from SPEC.md; returns ((q, k, v) [B,h,S,D], stage values in the tap layouts).
+    ``activations="bf16"``: the w4a16 variant (x used as given)."""
     x, cos, sin = (t.double().numpy() for t in inputs[:3])
+    x_hat = act_quant_loops(inputs[0]) if activations == "nvfp4" else x
     weights = [dequant_loops(inputs[3 + 3 * i], inputs[4 + 3 * i], float(inputs[5 + 3 * i]))
                for i in range(3)]
     qn_w, kn_w = inputs[12].double().numpy(), inputs[13].double().numpy()
@@ -199,7 +220,7 @@ def oracle_b(inputs, num_heads, num_kv_heads, head_dim):
         for s in range(S):
             for p, w in zip("qkv", weights):
                 for head in range(heads[p]):
-                    proj[p][b, s, head] = w[head * D:(head + 1) * D] @ x[b, s]
+                    proj[p][b, s, head] = w[head * D:(head + 1) * D] @ x_hat[b, s]
             for p, nw in (("q", qn_w), ("k", kn_w)):
                 for head in range(heads[p]):
                     normed[p][b, s, head] = rms_norm_row(proj[p][b, s, head], nw, eps)
@@ -213,6 +234,7 @@ def oracle_b(inputs, num_heads, num_kv_heads, head_dim):
                     outs[i][b, head, s] = src[b, s, head]
     flat = lambda t: t.reshape(B, S, -1)
     taps = {
+        **({"act_quant": x_hat} if activations == "nvfp4" else {}),
         "dequant": np.concatenate(weights, axis=0),
         "proj": np.concatenate([flat(proj[p]) for p in "qkv"], axis=-1),
         "qk_norm": np.concatenate([flat(normed["q"]), flat(normed["k"])], axis=-1),
@@ -237,12 +259,18 @@ def inputs_a(seed=0, config=CONFIG_A, axes=AXES_A):
 
 
 def inputs_b(seed=0, config=CONFIG_B, axes=AXES_B):
+    """Benchmark inputs with norm weights that are not ones and about half of the block
+    scales negated (the benchmark's own are positive; a sign bug must still show)."""
     d = load(OP_B, config)
     x = generate_inputs(d, axes, seed=seed)
     g = _g(seed + 200)
     for name in ("q_norm_weight", "k_norm_weight"):
         i = d.input_index(name)
         x[i] = (1 + 0.3 * torch.randn(x[i].shape, generator=g)).to(torch.bfloat16)
+    for name in ("q_proj_scale", "k_proj_scale", "v_proj_scale"):
+        i = d.input_index(name)
+        flip = (torch.rand(x[i].shape, generator=g) < 0.5).to(torch.uint8) << 7
+        x[i] = (x[i].view(torch.uint8) ^ flip).view(torch.float8_e4m3fn)
     return d, x
 
 
@@ -332,22 +360,30 @@ def test_mrope_section_rejects_head_dim_not_multiple_of_16(head_dim):
         st.mrope_section(head_dim)
 
 
+@pytest.mark.parametrize("layout", ["sol", "hf"])
 @pytest.mark.parametrize("head_dim", [128, 16])
-def test_mrope_select_takes_each_index_from_its_position_axis(head_dim):
-    B, S = 2, 3
-    # table[a, b, s, d] = 1000 a + 100 b + 10 s + d / 1000: every entry names where it came from
-    a_, b_, s_, d_ = torch.meshgrid(torch.arange(3.0), torch.arange(B * 1.0), torch.arange(S * 1.0),
+def test_mrope_select_takes_each_index_from_its_position_axis(head_dim, layout):
+    B, S, rows = 2, 3, 5
+    # table[a, b, s, d] = 1000 a + 100 b + 10 s + d / 1000: every entry names where it came from;
+    # the table has more rows (kv_seq_len) than the S tokens: the first S rows are used
+    a_, b_, s_, d_ = torch.meshgrid(torch.arange(3.0), torch.arange(B * 1.0), torch.arange(rows * 1.0),
                                     torch.arange(head_dim * 1.0), indexing="ij")
     table = (1000 * a_ + 100 * b_ + 10 * s_ + d_ / 1000).double()
-    got = st.mrope_select(table)
+    got = st.mrope_select(table, S, layout)
     assert got.shape == (B, S, head_dim)
     for b in range(B):
         for s in range(S):
             for d in range(head_dim):
-                assert float(got[b, s, d]) == float(table[mrope_axis(d, head_dim), b, s, d])
-    if head_dim == 128:   # SPEC's chunks [16, 24, 24, 16, 24, 24] spelled out
-        axis = [0] * 16 + [1] * 24 + [2] * 24 + [0] * 16 + [1] * 24 + [2] * 24
+                assert float(got[b, s, d]) == float(table[mrope_axis(d, head_dim, layout), b, s, d])
+    if head_dim == 128:   # SPEC's chunks spelled out
+        axis = ([0] * 32 + [1] * 48 + [2] * 48 if layout == "sol" else
+                [0] * 16 + [1] * 24 + [2] * 24 + [0] * 16 + [1] * 24 + [2] * 24)
         assert [int(float(got[1, 2, d]) // 1000) for d in range(128)] == axis
+
+
+def test_mrope_select_rejects_tables_shorter_than_the_tokens():
+    with pytest.raises(ValueError, match=r"kv_seq_len=3.*seq_len=4"):
+        st.mrope_select(torch.zeros(3, 1, 3, 16), 4)
 
 
 @pytest.mark.parametrize("query_chunk", [2048, 3, 1])
@@ -412,6 +448,72 @@ def test_op_b_inputs_exercise_signed_scales_and_several_blocks(run_b):
     assert scale.shape[1] == 3 and (scale < 0).any() and (scale > 0).any()
 
 
+def test_op_a_uses_the_first_seq_len_rows_of_longer_rope_tables():
+    """kv_seq_len > seq_len (the benchmark: "may differ from seq_len with KV cache"): the
+    layer reads rows 0..seq_len-1 of both tables, keys only from this call's tokens."""
+    axes = {"batch_size": 2, "seq_len": 5, "kv_seq_len": 9}
+    d, x = inputs_a(seed=4, axes=axes)
+    (out,) = op_a.reference(*x)
+    want, _ = oracle_a(x, 6, 2, 16)
+    assert_close64(out, want, "output")
+    # the rows past seq_len do not matter; the first ones do
+    y = list(x)
+    y[9], y[10] = x[9].clone(), x[10].clone()
+    y[9][:, :, 5:] = 7.0
+    assert torch.equal(op_a.reference(*y)[0], out)
+    y[9][:, :, 0] = 7.0
+    assert not torch.equal(op_a.reference(*y)[0], out)
+
+
+def test_op_a_rejects_rope_tables_shorter_than_the_tokens():
+    d, x = inputs_a()
+    x[9], x[10] = x[9][:, :, :4], x[10][:, :, :4]
+    with pytest.raises(ValueError, match=r"kv_seq_len >= seq_len.*kv_seq_len=4.*seq_len=5"):
+        op_a.reference(*x)
+
+
+def test_op_a_hf_mrope_variant_matches_independent_loops_with_hf_layout(run_a):
+    (out,) = op_a.reference_hf_mrope(*run_a.inputs)
+    want, _ = oracle_a(run_a.inputs, 6, 2, 16, layout="hf")
+    assert_close64(out, want, "output")
+    assert float((out - run_a.out).abs().max()) > 1e-3      # the layouts are different functions
+
+
+def test_op_b_w4a16_variant_matches_independent_loops(run_b):
+    outs = op_b.reference_w4a16(*run_b.inputs)
+    want, _ = oracle_b(run_b.inputs, 4, 2, 8, activations="bf16")
+    for got, w, name in zip(outs, want, ("q", "k", "v")):
+        assert_close64(got, w, name)
+        assert float((got - run_b.outs[("q", "k", "v").index(name)]).abs().max()) > 1e-3
+
+
+def test_op_a_sol_reference_is_float32_close_to_the_oracle(run_a):
+    (out,) = op_a.sol_reference(*run_a.inputs)
+    assert out.dtype == torch.float32
+    err = float((out.double() - run_a.out).abs().max())
+    assert 0 < err < 1e-4
+
+
+def test_op_b_sol_reference_rounds_like_the_benchmark(run_b):
+    """The projection rounded to bf16 twice (cuBLAS's output, then times the global scales),
+    the norm rounded to bf16, RoPE in bf16: q and k differ from the oracle by several bf16
+    roundings, v by at most two."""
+    outs = op_b.sol_reference(*run_b.inputs)
+    for got, want, name in zip(outs, run_b.outs, ("q", "k", "v")):
+        assert got.dtype == torch.bfloat16 and got.shape == want.shape
+        # relative to each head row's largest element (RoPE's sum may cancel to ~0)
+        rel = (got.double() - want).abs() / want.abs().amax(-1, keepdim=True)
+        assert float(rel.max()) < (0.03 if name != "v" else 2.5 * 2.0 ** -8), name
+        assert not torch.equal(got, want.to(torch.bfloat16)) or name == "v"
+    # v: exactly bf16(bf16(proj) * g) of the oracle's own projection tap
+    b, s = 2, 5
+    proj_v = run_b.taps["proj"][..., -16:]
+    g = run_b.taps["act_quant.global_decode"] * torch.tensor(float(run_b.inputs[11]), dtype=torch.float32)
+    raw = (proj_v / float(run_b.taps["act_quant.global_decode"]) / float(run_b.inputs[11])).to(torch.bfloat16)
+    want_v = (raw.float() * g).to(torch.bfloat16).view(b, s, 2, 8).transpose(1, 2)
+    assert torch.equal(outs[2], want_v)
+
+
 def test_op_a_tiny_config_matches_independent_loops():
     d, x = inputs_a(seed=3, config="tiny", axes={"batch_size": 1, "seq_len": 4, "kv_seq_len": 4})
     c = d.const_axes
@@ -439,9 +541,15 @@ def test_op_a_taps_have_every_stage_in_its_documented_layout(run_a):
 
 
 def test_op_b_taps_have_every_stage_in_its_documented_layout(run_b):
-    assert set(run_b.taps) == set(STAGES_B) == set(run_b.defn.stage_names)
+    stages = {k for k in run_b.taps if "." not in k}
+    assert stages == set(STAGES_B) == set(run_b.defn.stage_names)
     B, S, H, D = 2, 5, 48, 8
-    layouts = {"dequant": (32 + 16 + 16, H), "proj": (B, S, 64), "qk_norm": (B, S, 48),
+    assert set(run_b.taps) - stages == {"act_quant.codes", "act_quant.scales", "act_quant.global_decode"}
+    codes, scales, gd = quantize_loops(run_b.inputs[0].float().reshape(B * S, H))
+    assert torch.equal(run_b.taps["act_quant.codes"].reshape(B * S, H), torch.from_numpy(codes))
+    assert torch.equal(run_b.taps["act_quant.scales"].reshape(B * S, H // 16), torch.from_numpy(scales))
+    assert float(run_b.taps["act_quant.global_decode"]) == float(gd)
+    layouts = {"act_quant": (B, S, H), "dequant": (32 + 16 + 16, H), "proj": (B, S, 64), "qk_norm": (B, S, 48),
                "rope": (B, S, 48), "layout": (B, 4 + 2 + 2, S, D)}
     bound = run_b.defn.resolve_axes(AXES_B)
     for s in run_b.defn.stages:
@@ -478,7 +586,10 @@ def test_override_with_own_tap_reproduces_and_perturbed_tap_changes_only_downstr
         assert torch.equal(taps[n], run.taps[n]), f"upstream stage {n} changed"
     assert torch.equal(taps[stage], perturbed)
     for n in order[k + 1:]:
-        assert not torch.equal(taps[n], run.taps[n]), f"downstream stage {n} did not change"
+        if (stage, n) in INDEPENDENT:
+            assert torch.equal(taps[n], run.taps[n]), f"stage {n} does not read {stage}"
+        else:
+            assert not torch.equal(taps[n], run.taps[n]), f"downstream stage {n} did not change"
     assert not all(torch.equal(a, b) for a, b in zip(outs, base_outs))
 
 

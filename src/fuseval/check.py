@@ -17,6 +17,12 @@ The rules are the seed benchmark's, made stricter where it is weak:
 * wrong output count, shape or dtype (``bad_outputs``) and exceptions (``raised``).
 
 Each violation is reported by name in :class:`CaseResult.violations`.
+
+Two rule sets (``RULES``): ``"fuseval"`` (the above, the default) and ``"sol"``, the
+benchmark's own (SOL-ExecBench's evaluator): outputs and reference compared in float32,
+and any NaN or Inf in the output *or the reference* fails the case, even where both agree.
+``check(..., against="sol_reference", rules="sol")`` predicts the benchmark's verdict; a
+plain check reports that prediction beside its own verdict (``CaseResult.predicted``).
 """
 from __future__ import annotations
 
@@ -36,7 +42,13 @@ from .inputs import generate_inputs
 from .validate import bind_axes, check_outputs_shape
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
-           "fingerprint", "poison_allocator", "VIOLATIONS"]
+           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction"]
+
+# "fuseval": float64 comparison, a NaN both sides have by construction may match;
+# "sol": the benchmark's evaluator (float32 comparison, any NaN/Inf on either side fails)
+RULES = ("fuseval", "sol")
+# what the benchmark compares against: the implementation name of its reference
+SOL_REFERENCE = "sol_reference"
 
 # every violation name, from the one table that also gives each its exit code
 VIOLATIONS = tuple(name for name, _ in VIOLATION_EXIT)
@@ -62,8 +74,13 @@ class OutputMetrics:
         return self.matched_ratio - tol.min_matched_ratio
 
 
-def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output") -> OutputMetrics:
-    """Compare an implementation's output with the oracle's under ``tol``."""
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output",
+            rules: str = "fuseval") -> OutputMetrics:
+    """Compare an implementation's output with the oracle's under ``tol`` and ``rules``."""
+    if rules not in RULES:
+        raise ValueError(f"rules: expected one of {RULES}, got {rules!r}")
+    if rules == "sol":
+        return _compare_sol(out, ref, tol, name)
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
     o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
@@ -76,17 +93,38 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     inf = torch.full_like(o, math.inf)
     diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o), inf))
     ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
+    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool((r[r_fin] != 0).any())
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _compare_sol(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str) -> OutputMetrics:
+    """The benchmark's comparison: both sides in float32, the bound atol + rtol*|ref| in
+    float32, every non-finite element of either side a failure, an all-zero output against
+    a reference of non-zero norm a failure."""
+    o = out.detach().to(torch.float32)
+    r = ref.detach().to(device=o.device, dtype=torch.float32)
+    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
+    bad_nonfinite = int((~o_fin).sum()) + int((~r_fin).sum())
+    both = o_fin & r_fin
+    diff = torch.where(both, (o - r).abs(), torch.full_like(o, math.inf))
+    ok = both & (diff <= tol.atol + tol.rtol * r.abs())
+    all_zero = bool(torch.linalg.vector_norm(r[r_fin]) > 0) and bool(torch.linalg.vector_norm(o[o_fin]) == 0) \
+        and not bad_nonfinite
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> OutputMetrics:
+    """The summary of one comparison: error statistics and the reasons it fails."""
     numel = o.numel()
     matched = float(ok.sum()) / numel if numel else 1.0
-    finite_diff = diff[both]
+    finite_diff = diff[both].to(torch.float64)
     max_abs = float(finite_diff.max()) if finite_diff.numel() else 0.0
     if bad_nonfinite:
         max_abs = math.inf
     mean_abs = float(finite_diff.mean()) if finite_diff.numel() else 0.0
-    ref_norm = float(torch.linalg.vector_norm(r[both])) if both.any() else 0.0
+    ref_norm = float(torch.linalg.vector_norm(r[both].to(torch.float64))) if both.any() else 0.0
     err_norm = float(torch.linalg.vector_norm(finite_diff)) if finite_diff.numel() else 0.0
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
-    all_zero = bool(numel) and bool((o == 0).all()) and bool((r[r_fin] != 0).any())
     reasons = []
     if bad_nonfinite:
         reasons.append("nonfinite")
@@ -169,6 +207,15 @@ def poison_allocator(device: torch.device, nbytes: int) -> None:
 
 # --------------------------------------------------------------------------- one case
 @dataclass
+class Prediction:
+    """The benchmark's predicted verdict on a case: the outputs compared with
+    ``sol_reference`` (the benchmark's reference in its own precision) under its rules."""
+    passed: bool
+    outputs: list[OutputMetrics]
+    violations: list[str]
+
+
+@dataclass
 class CaseResult:
     case: int
     axes: dict[str, int]
@@ -179,6 +226,8 @@ class CaseResult:
     impl_seconds: float
     oracle_seconds: float
     seed: int
+    tolerance: dict[str, Any] = field(default_factory=dict)
+    predicted: Prediction | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,11 +244,26 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _predict(defn: Definition, outputs, inputs, tol: Tolerance, predictor: Callable) -> Prediction:
+    """The benchmark's verdict on ``outputs``: ``predictor`` (its reference) under its rules."""
+    refs = _as_tuple(predictor(*inputs))
+    metrics = [compare(o, r, tol, s.name, rules="sol") for o, r, s in zip(outputs, refs, defn.outputs)]
+    violations = list(dict.fromkeys(reason for m in metrics for reason in m.reasons))
+    return Prediction(not violations, metrics, violations)
+
+
 def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device: torch.device,
              mode: str = "benchmark", reference: Callable | None = None,
-             inputs: Sequence[Any] | None = None, hygiene: bool = True) -> CaseResult:
-    """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules."""
+             inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
+             predictor: Callable | None = None) -> CaseResult:
+    """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
+
+    ``reference``: what the outputs are compared with (default: the float64 oracle);
+    ``rules``: "fuseval" or "sol" (see ``RULES``); ``predictor``: when given (the
+    benchmark's ``sol_reference``), the benchmark's verdict is predicted beside."""
     reference = reference or _ops.resolve_impl(defn, "reference")
+    tol = case.tolerance or defn.tolerance
+    tol_dict = asdict(tol)
     case_seed = seed + case.index
     if inputs is None:
         inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
@@ -226,16 +290,17 @@ def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device:
     except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict, not a crash
         tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
         return CaseResult(case.index, dict(case.axes), [], ["raised"], [f"implementation raised: {tb}"],
-                          False, time.perf_counter() - t0, oracle_seconds, case_seed)
+                          False, time.perf_counter() - t0, oracle_seconds, case_seed, tol_dict)
     impl_seconds = time.perf_counter() - t0
 
     problems = check_outputs_shape(defn, outputs, bound)
     if problems:
         return CaseResult(case.index, dict(case.axes), [], ["bad_outputs"], problems, False,
-                          impl_seconds, oracle_seconds, case_seed)
+                          impl_seconds, oracle_seconds, case_seed, tol_dict)
 
-    metrics = [compare(o, r, defn.tolerance, s.name) for o, r, s in zip(outputs, refs, defn.outputs)]
+    metrics = [compare(o, r, tol, s.name, rules) for o, r, s in zip(outputs, refs, defn.outputs)]
     del refs
+    predicted = _predict(defn, outputs, inputs, tol, predictor) if predictor is not None else None
     for m in metrics:
         for reason in m.reasons:
             if reason not in violations:
@@ -278,7 +343,7 @@ def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device:
 
     violations = list(dict.fromkeys(violations))
     return CaseResult(case.index, dict(case.axes), metrics, violations, messages, not violations,
-                      impl_seconds, oracle_seconds, case_seed)
+                      impl_seconds, oracle_seconds, case_seed, tol_dict, predicted)
 
 
 # --------------------------------------------------------------------------- a whole check
@@ -292,14 +357,26 @@ class CheckReport:
     mode: str
     tolerance: dict[str, Any]
     cases: list[CaseResult]
+    variant: str = "sol"
+    against: str = "reference"
+    rules: str = "fuseval"
 
     @property
     def passed(self) -> bool:
         return bool(self.cases) and all(c.passed for c in self.cases)
 
+    @property
+    def predicted_passed(self) -> bool | None:
+        """The benchmark's predicted verdict over all cases (None: not predicted)."""
+        preds = [c.predicted for c in self.cases]
+        if not preds or any(p is None for p in preds):
+            return None
+        return all(p.passed for p in preds)
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
+        d["predicted_passed"] = self.predicted_passed
         return d
 
     def rows(self) -> list[dict[str, Any]]:
@@ -333,26 +410,39 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
           cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
           seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
-          progress: Callable[[CaseResult, int, int], None] | None = None) -> CheckReport:
+          progress: Callable[[CaseResult, int, int], None] | None = None,
+          variant: str | None = None, against: str = "reference", rules: str = "fuseval",
+          predict: bool = True) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
 
     ``config``: "seed" (full size), "small" or another named scaled-down configuration.
+    ``variant``: a named semantic variant of the operator (default: the benchmark's).
+    ``against``: the implementation the outputs are compared with ("reference": the
+    float64 oracle; "sol_reference": the benchmark's reference in its own precision);
+    ``rules``: "fuseval" or "sol" (the benchmark's evaluator). ``predict``: also predict
+    the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
+    has a ``sol_reference`` and the check is not that prediction already.
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
-    operator = _ops.get(op, config)
+    if rules not in RULES:
+        raise ValueError(f"rules: expected one of {', '.join(RULES)}, got {rules!r}")
+    operator = _ops.get(op, config, variant)
     defn = operator.definition
     if impl == "reference":
         raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
                          "check 'reference_fp32' for the float32 reference, or another implementation")
     fn = operator.implementation(impl)
-    reference = operator.reference
+    reference = operator.implementation(against)
+    predictor = None
+    if predict and SOL_REFERENCE in defn.implementations and (against, rules) != (SOL_REFERENCE, "sol"):
+        predictor = operator.implementation(SOL_REFERENCE)
     dev = resolve_device(device)
     results = []
     selected = defn.cases(cases)
     for n, case in enumerate(selected):
         result = run_case(defn, fn, case, seed=seed, device=dev, mode=mode, reference=reference,
-                          hygiene=hygiene)
+                          hygiene=hygiene, rules=rules, predictor=predictor)
         results.append(result)
         if progress:
             progress(result, n + 1, len(selected))
     return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
-                       asdict(defn.tolerance), results)
+                       asdict(defn.tolerance), results, defn.variant, against, rules)

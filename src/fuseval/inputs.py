@@ -2,7 +2,9 @@
 
 Two modes:
 
-* ``"benchmark"`` mirrors how SOL-ExecBench draws random inputs (SPEC.md): floats are
+* ``"benchmark"`` mirrors how SOL-ExecBench draws random inputs (SPEC.md), by its generic
+  rules unless the operator module defines ``benchmark_inputs(defn, axes, seed)`` (a
+  problem with a custom input generator, e.g. Quant/028). The generic rules: floats are
   ``randn``; ``*norm_weight`` / ``*layernorm_weight`` are ones; weight matrices are
   ``randn / sqrt(last dim)``; other biases ``randn``; ``cos`` = cos(clamp(randn, -pi, pi)),
   ``sin`` = sin of an independent draw; fp8 tensors clamp(randn, -2, 2) rounded to e4m3;
@@ -144,10 +146,13 @@ def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int 
     if mode not in MODES:
         raise ValueError(f"input mode must be one of {MODES}, got {mode!r}")
     axes = defn.resolve_axes(var_axes)
-    if mode == "realistic":
-        module = importlib.import_module(defn.module)
-        hook = getattr(module, "realistic_inputs", None)
-        values = hook(defn, axes, seed) if hook else default_realistic_inputs(defn, axes, seed)
+    # an operator module may draw its inputs itself: ``realistic_inputs`` for the realistic
+    # mode, ``benchmark_inputs`` where the benchmark uses a custom generator of its own
+    hook = getattr(importlib.import_module(defn.module), f"{mode}_inputs", None)
+    if hook is not None:
+        values = hook(defn, axes, seed)
+    elif mode == "realistic":
+        values = default_realistic_inputs(defn, axes, seed)
     else:
         values = {}
         for spec in defn.inputs:

@@ -67,17 +67,24 @@ class Operator:
     def with_config(self, config) -> "Operator":
         return Operator(self.definition.with_config(config))
 
+    def with_variant(self, variant: str | None) -> "Operator":
+        return Operator(self.definition.with_variant(variant))
+
 
 def names() -> list[str]:
     return list_operators()
 
 
-def get(name: str | Operator | Definition, config: str | dict = "seed") -> Operator:
+def get(name: str | Operator | Definition, config: str | dict = "seed",
+        variant: str | None = None) -> Operator:
+    """The operator ``name`` in ``config``, under ``variant`` (None: the benchmark's
+    semantics, or the variant the given definition already has)."""
     if isinstance(name, Operator):
-        return name if config == "seed" else name.with_config(config)
+        name = name.definition
     if isinstance(name, Definition):
-        return Operator(name if config == "seed" else name.with_config(config))
-    return Operator(load(name, config))
+        d = name if config == "seed" else name.with_config(config)
+        return Operator(d if variant is None else d.with_variant(variant))
+    return Operator(load(name, config, variant))
 
 
 def resolve_impl(defn: Definition, impl: str | Callable) -> Callable:

@@ -23,8 +23,13 @@ from ..errors import UnknownOperatorError
 
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
-    "load", "list_operators", "evaluate_expression", "axes_label",
+    "load", "list_operators", "evaluate_expression", "axes_label", "DEFAULT_VARIANT",
+    "tolerance_json",
 ]
+
+
+# the name of an operator's default semantics: the benchmark's, as its reference computes them
+DEFAULT_VARIANT = "sol"
 
 
 # --------------------------------------------------------------------------- typed pieces
@@ -77,6 +82,7 @@ def axes_label(axes: Mapping[str, int]) -> str:
 class Case:
     index: int
     axes: Mapping[str, int]        # var axes only
+    tolerance: Tolerance | None = None   # the case's own rule (None: the definition's)
 
     @property
     def label(self) -> str:
@@ -122,6 +128,12 @@ class Definition:
     realistic: Mapping[str, Any]
     config: str = "seed"
     raw: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # per seed case: its tolerance overrides ({"atol": ...}), empty where it has none
+    case_tolerances: tuple[Mapping[str, Any], ...] = ()
+    # named semantic variants: {name: {"what", "implementations", "drop_stages"}}; the
+    # benchmark's semantics are the default and have no entry
+    variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    variant: str = DEFAULT_VARIANT
 
     # ---- axes
     @property
@@ -190,7 +202,9 @@ class Definition:
     def cases(self, selection: Sequence[int] | str | None = None) -> list[Case]:
         """The benchmark cases of this configuration (scaled down for small configs).
 
-        ``selection``: None/"all", a list of indices, or a string "0,3,5-7"."""
+        ``selection``: None/"all", a list of indices, or a string "0,3,5-7".
+        Each case carries its tolerance: the seed case's own (SOL-ExecBench gives one per
+        workload), which a scaled-down configuration keeps unchanged."""
         scale = self.configs.get(self.config, {}).get("case_scale")
         out = []
         for i, values in enumerate(self.seed_cases):
@@ -198,9 +212,35 @@ class Definition:
             if scale:
                 lo = int(scale.get("min", 1))
                 axes = {k: max(lo, math.ceil(v / scale.get(k, 1))) for k, v in axes.items()}
-            out.append(Case(i, axes))
+            override = self.case_tolerances[i] if i < len(self.case_tolerances) else {}
+            out.append(Case(i, axes, replace(self.tolerance, **override)))
         idx = parse_selection(selection, len(out))
         return [out[i] for i in idx]
+
+    # ---- variants
+    @property
+    def variant_names(self) -> list[str]:
+        return [DEFAULT_VARIANT, *self.variants]
+
+    def with_variant(self, variant: str | None) -> "Definition":
+        """The same operator under a named semantic variant (``"sol"``: the benchmark's).
+
+        A variant replaces implementations by name (``reference`` included, so every
+        component that resolves implementations through the definition honours it) and
+        may drop stages the variant does not have."""
+        variant = variant or DEFAULT_VARIANT
+        if variant == self.variant:
+            return self
+        if self.variant != DEFAULT_VARIANT:
+            raise ValueError(f"{self.name}: already under variant {self.variant!r}")
+        if variant not in self.variants:
+            raise ValueError(f"{self.name}: unknown variant {variant!r}; expected one of "
+                             f"{', '.join(self.variant_names)}")
+        spec = self.variants[variant]
+        dropped = set(spec.get("drop_stages", ()))
+        return replace(self, variant=variant,
+                       implementations={**self.implementations, **spec.get("implementations", {})},
+                       stages=tuple(st for st in self.stages if st.name not in dropped))
 
     # ---- configs
     def with_config(self, config: str | Mapping[str, int]) -> "Definition":
@@ -250,9 +290,7 @@ class Definition:
             "inputs": tensors(self.inputs),
             "outputs": tensors(self.outputs),
             "reference": f"{self.implementations['reference']}",
-            "tolerance": {"atol": self.tolerance.atol, "rtol": self.tolerance.rtol,
-                          "required_matched_ratio": self.tolerance.min_matched_ratio,
-                          "max_abs_error": self.tolerance.max_abs_error},
+            "tolerance": tolerance_json(self.tolerance),
         }
 
     def to_solexec_workloads(self, seed: int = 0) -> list[dict[str, Any]]:
@@ -271,8 +309,15 @@ class Definition:
                 "axes": dict(case.axes),
                 "inputs": inputs,
                 "seed": seed + case.index,
+                "tolerance": tolerance_json(case.tolerance),
             })
         return rows
+
+
+def tolerance_json(tol: Tolerance) -> dict[str, Any]:
+    """A tolerance under the key names SOL-ExecBench's evaluator reads."""
+    return {"max_atol": tol.atol, "max_rtol": tol.rtol,
+            "required_matched_ratio": tol.min_matched_ratio, "max_abs_error": tol.max_abs_error}
 
 
 def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
@@ -318,6 +363,8 @@ def _parse(raw: Mapping[str, Any]) -> Definition:
     tensor = lambda t: TensorSpec(t["name"], tuple(t["shape"]) if t.get("shape") else None,
                                   t["dtype"], t.get("value"), t.get("init"))
     tol = raw["tolerance"]
+    # a case is a list of its case_axes values, or {"axes": [...], "tolerance": {...}}
+    cases = [c if isinstance(c, Mapping) else {"axes": c} for c in raw["cases"]]
     return Definition(
         name=raw["name"], op_type=raw["op_type"], description=raw["description"],
         source=raw.get("source", ""), module=raw["module"],
@@ -330,17 +377,21 @@ def _parse(raw: Mapping[str, Any]) -> Definition:
                      for s in raw["stages"]),
         tolerance=Tolerance(tol["atol"], tol["rtol"], tol["min_matched_ratio"], tol.get("max_abs_error")),
         case_axes=tuple(raw["case_axes"]),
-        seed_cases=tuple(tuple(c) for c in raw["cases"]),
+        seed_cases=tuple(tuple(c["axes"]) for c in cases),
+        case_tolerances=tuple(dict(c.get("tolerance", {})) for c in cases),
+        variants=dict(raw.get("variants", {})),
         configs={"seed": {}, **raw.get("configs", {})},
         realistic=dict(raw.get("realistic", {})),
         raw=raw,
     )
 
 
-def load(name: str, config: str | Mapping[str, int] = "seed") -> Definition:
-    """Load an operator definition, optionally with a named or custom configuration."""
+def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
+    """Load an operator definition, optionally with a named or custom configuration and a
+    named semantic variant (None: the benchmark's semantics, or the given definition's)."""
     if isinstance(name, Definition):
-        return name if config == "seed" and name.config == "seed" else name.with_config(config)
+        d = name if config == "seed" and name.config == "seed" else name.with_config(config)
+        return d if variant is None else d.with_variant(variant)
     if name not in _CACHE:
         known = list_operators()
         if name not in known:
@@ -348,4 +399,5 @@ def load(name: str, config: str | Mapping[str, int] = "seed") -> Definition:
         text = resources.files(__name__).joinpath(name + ".json").read_text()
         _CACHE[name] = _parse(json.loads(text))
     d = _CACHE[name]
-    return d if config == "seed" else d.with_config(config)
+    d = d if config == "seed" else d.with_config(config)
+    return d if variant is None else d.with_variant(variant)

@@ -46,6 +46,15 @@ Quantization recipe (used to produce test inputs)
       e2m1 grid, saturating at +-6.  A block whose decoded scale is 0 (an
       all-zero block, or one whose scale underflows e4m3) gets codes 0.
 
+Activation quantizer (SOL-ExecBench Quant/028, ``quantize_activations``)
+    The benchmark quantizes the activations of its W4A4 GEMM with a quantizer
+    of its own whose scale arithmetic is float32; it is part of the operator's
+    definition, so it is reproduced here exactly, step by step (SPEC.md,
+    op B ``act_quant``): a per-tensor ``global_encode = 2688 / amax`` (fp32),
+    per-block ``s = e4m3((block_amax / 6) * global_encode)``, ``encode =
+    1 / (s * global_decode)`` and codes from thresholds on ``|x * encode|``.
+    Unlike ``quantize_nvfp4`` (float64, exact) every step rounds to float32.
+
 Rounding note
     ``encode_e4m3fn(464.0)`` returns 448 (0x7E), not an overflow: 464 is the
     exact midpoint between 448 (mantissa 110, even) and the next value the
@@ -72,6 +81,9 @@ __all__ = [
     "round_to_e2m1_grid",
     "dequantize_nvfp4",
     "quantize_nvfp4",
+    "E2M1_THRESHOLDS",
+    "ActivationQuant",
+    "quantize_activations",
 ]
 
 E2M1_MAX = 6.0
@@ -444,3 +456,107 @@ def quantize_nvfp4(
     packed = pack_fp4(codes)
     scales = scale_bits.view(torch.float8_e4m3fn)
     return packed, scales, g32
+
+
+# --------------------------------------------------------------------------
+# the benchmark's activation quantizer (float32 scale arithmetic)
+# --------------------------------------------------------------------------
+
+# (boundary, tie goes up): |y| > b (or >= b where the tie goes up) adds one to the
+# magnitude code. The ties are those of round-to-nearest-even on the e2m1 grid:
+# 0.25 -> 0, 0.75 -> 1, 1.25 -> 1, 1.75 -> 2, 2.5 -> 2, 3.5 -> 4, 5 -> 4.
+E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
+                   (2.5, False), (3.5, True), (5.0, False))
+
+_F32_MAX = torch.finfo(torch.float32).max
+
+
+class ActivationQuant:
+    """The output of :func:`quantize_activations` for ``x [..., K]``.
+
+    ``codes``: uint8 e2m1 codes ``[..., K]`` (unpacked; ``packed`` packs them),
+    ``scales``: uint8 e4m3fn bits ``[..., K/16]``, ``global_decode`` and
+    ``global_encode``: 0-d float32 tensors."""
+
+    def __init__(self, codes, scales, global_decode, global_encode):
+        self.codes, self.scales = codes, scales
+        self.global_decode, self.global_encode = global_decode, global_encode
+
+    @property
+    def packed(self) -> torch.Tensor:
+        return pack_fp4(self.codes)
+
+    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """x_hat = e2m1(code) * e4m3(scale) * global_decode, exact in float64, then ``dtype``."""
+        g = self.global_decode.to(torch.float64)
+        return (self.scaled_codes() * (g if g.dim() == 0 else g.reshape(*g.shape[:-1], 1))).to(dtype)
+
+    def scaled_codes(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """e2m1(code) * e4m3(scale) without the global scale (exact in bf16 and wider:
+        at most 6 significant bits, magnitudes in [2^-10, 2688])."""
+        return dequantize_nvfp4(self.packed, self.scales, 1.0, dtype)
+
+
+def _f32(value, device) -> torch.Tensor:
+    return torch.tensor(value, dtype=torch.float32, device=device)
+
+
+def quantize_activations(x: torch.Tensor, *, amax_over: str = "tensor") -> ActivationQuant:
+    """The benchmark's NVFP4 activation quantizer (SPEC.md, op B stage ``act_quant``).
+
+    ``x [..., K]`` (any float dtype, K % 16 == 0) is taken as float32; every step
+    below is one float32 operation, rounded as IEEE float32 rounds it:
+
+    1. ``amax = max |x|`` over the whole tensor;
+    2. ``global_encode = 2688 / amax`` clamped to the float32 max, 1.0 if it is 0;
+       ``global_decode = 1 / global_encode``;
+    3. per block of 16: ``s = (block_amax / 6) * global_encode`` clamped to
+       [-448, 448] and rounded to e4m3fn (nearest even);
+    4. ``encode = 1 / (e4m3(s) * global_decode)`` clamped to the float32 max;
+    5. ``y = x * encode`` clamped to [-6, 6]; the magnitude code counts the
+       thresholds of ``E2M1_THRESHOLDS`` that ``|y|`` passes, and ``y < 0`` sets
+       the sign bit (so -0.0 gives code 0, y in [-0.25, 0) gives code 8, and a
+       NaN gives code 0: every comparison with NaN is false).
+
+    ``amax_over="token"`` is a deliberately wrong variant (an amax per row instead
+    of per tensor) kept for mutation tests; it returns one global scale per row."""
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"x: expected a floating-point tensor [..., K], got {got}")
+    if x.dim() == 0 or x.shape[-1] % BLOCK_SIZE != 0:
+        raise ValueError(f"x: expected shape [..., K] with K a multiple of {BLOCK_SIZE}, "
+                         f"got shape {tuple(x.shape)}")
+    if amax_over not in ("tensor", "token"):
+        raise ValueError(f"amax_over: expected 'tensor' or 'token', got {amax_over!r}")
+    dev = x.device
+    xf = x.detach().to(torch.float32)
+    f32_max = _f32(_F32_MAX, dev)
+
+    # 1-2. the global scales (one per tensor; per row for the mutant)
+    if amax_over == "tensor":
+        amax = xf.abs().max() if xf.numel() else _f32(0.0, dev)
+    else:
+        amax = xf.abs().amax(dim=-1, keepdim=True)
+    global_encode = torch.minimum(_f32(E4M3_MAX * E2M1_MAX, dev) / amax, f32_max)
+    global_encode = torch.where(global_encode == 0, _f32(1.0, dev), global_encode)
+    global_decode = _f32(1.0, dev) / global_encode
+
+    # 3. block scales: two float32 roundings, then one to e4m3
+    blocks = xf.reshape(*xf.shape[:-1], xf.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    block_amax = blocks.abs().amax(dim=-1)
+    s = (block_amax / _f32(E2M1_MAX, dev)) * global_encode
+    s = torch.clamp(s, -E4M3_MAX, E4M3_MAX)
+    scale_bits = encode_e4m3fn(s, saturate=True)
+    s_dec = decode_e4m3fn(scale_bits, dtype=torch.float32)
+
+    # 4. encode scale: the product rounded to float32, then its reciprocal (1/0 = inf -> max)
+    encode = torch.minimum(_f32(1.0, dev) / (s_dec * global_decode), f32_max)
+
+    # 5. codes by thresholds on |y|
+    y = torch.clamp(blocks * encode.unsqueeze(-1), -E2M1_MAX, E2M1_MAX)
+    a = y.abs()
+    mag = torch.zeros(y.shape, dtype=torch.uint8, device=dev)
+    for boundary, tie_up in E2M1_THRESHOLDS:
+        mag += (a >= boundary if tie_up else a > boundary).to(torch.uint8)
+    codes = mag | ((y < 0).to(torch.uint8) << 3)
+    return ActivationQuant(codes.reshape(xf.shape), scale_bits, global_decode, global_encode)

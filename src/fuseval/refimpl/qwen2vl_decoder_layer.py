@@ -4,7 +4,9 @@ Stages (SPEC.md), x = hidden_states:
 
 1. ``input_norm``  h  = rms_norm(x, input_layernorm_weight)
 2. ``qkv_proj``    q, k, v = h W^T + b, split head-major into [B, heads, S, D]
-3. ``mrope``       q, k rotated with cos/sin chunks [D/8, 3D/16, 3D/16] x2 from axes t, h, w
+3. ``mrope``       q, k rotated with cos/sin rows 0..S-1, head-dim chunks (D/4, 3D/8, 3D/8)
+                   from axes t, h, w (the benchmark's layout; ``mrope_layout="hf"``: HF
+                   Qwen2-VL's (D/8, 3D/16, 3D/16) x2 from axes t, h, w, t, h, w)
 4. ``attention``   causal GQA softmax attention (query head i reads kv head i // group)
 5. ``o_proj``      x1 = x + attn Wo^T
 6. ``post_norm``   h2 = rms_norm(x1, post_attention_layernorm_weight)
@@ -24,8 +26,8 @@ from . import stages as st
 
 NAME = "qwen2vl_decoder_layer"
 
-__all__ = ["reference", "reference_fp32", "torch_eager", "torch_eager_tf32", "realistic_inputs",
-           "mrope_positions"]
+__all__ = ["reference", "reference_fp32", "reference_hf_mrope", "torch_eager", "torch_eager_tf32",
+           "torch_eager_hf_mrope", "sol_reference", "realistic_inputs", "mrope_positions"]
 
 
 def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -47,7 +49,7 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
               taps: MutableMapping[str, torch.Tensor] | None = None,
               override: Mapping[str, torch.Tensor] | None = None,
               dtype: torch.dtype = torch.float64, validate: bool = True,
-              stages=st) -> tuple[torch.Tensor]:
+              stages=st, mrope_layout: str = "sol") -> tuple[torch.Tensor]:
     """The oracle: every stage in ``dtype`` (float64 by default), unrounded output.
 
     ``taps``: a dict that receives each stage's output under its SPEC name (layouts:
@@ -55,7 +57,10 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
     the stage table in the definition says).
     ``override``: {stage: tensor} replaces that stage's output (same layout) and the
     pipeline continues from it; the budget uses it to run "fast up to stage k, oracle after".
-    ``stages``: the namespace of stage functions (mutation tests swap one out)."""
+    ``stages``: the namespace of stage functions (mutation tests swap one out).
+    ``mrope_layout``: "sol" (SOL-ExecBench L2/019, the default) or "hf" (HF Qwen2-VL).
+    rope_cos / rope_sin may have more rows (kv_seq_len) than hidden_states has tokens
+    (seq_len): rows 0..seq_len-1 are used; keys come only from this call's tokens."""
     args = (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
             k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
             post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
@@ -79,6 +84,7 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
     qkv_dim, kv_dim = hq * d, hkv * d
 
     x = up(hidden_states)
+    seq_len = x.shape[1]
     h = stage("input_norm", lambda: stages.rms_norm(x, up(input_layernorm_weight), eps))
     qkv = stage("qkv_proj", lambda: torch.cat([
         stages.linear(h, up(q_proj_weight), up(q_proj_bias)),
@@ -87,8 +93,8 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
     q, k, v = torch.split(qkv, [qkv_dim, kv_dim, kv_dim], dim=-1)
 
     def rotate():
-        cos = stages.mrope_select(up(rope_cos))[:, None]     # [B, 1, S, D], broadcast over heads
-        sin = stages.mrope_select(up(rope_sin))[:, None]
+        cos = stages.mrope_select(up(rope_cos), seq_len, mrope_layout)[:, None]   # [B, 1, S, D]
+        sin = stages.mrope_select(up(rope_sin), seq_len, mrope_layout)[:, None]   # over heads
         return torch.cat([_merge_heads(stages.rope(_split_heads(q, hq), cos, sin)),
                           _merge_heads(stages.rope(_split_heads(k, hkv), cos, sin))], dim=-1)
     qk = stage("mrope", rotate)
@@ -110,12 +116,14 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
 
 reference_fp32 = functools.partial(reference, dtype=torch.float32)
 reference_fp32.__doc__ = "The reference computed in float32 (same formulas, naive order)."
+reference_hf_mrope = functools.partial(reference, mrope_layout="hf")
+reference_hf_mrope.__doc__ = "The oracle with HF Qwen2-VL's mRoPE layout (the ``hf_mrope`` variant)."
 
 
 def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
                 k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
                 rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
-                up_proj_weight, down_proj_weight, rms_norm_eps):
+                up_proj_weight, down_proj_weight, rms_norm_eps, *, mrope_layout: str = "sol"):
     """What a user would write in plain torch: float32 ops, SDPA for attention.
 
     Matmul precision follows torch's global setting (see ``torch_eager_tf32``)."""
@@ -131,8 +139,9 @@ def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bia
     q = _split_heads(F.linear(h, q_proj_weight, q_proj_bias), hq)
     k = _split_heads(F.linear(h, k_proj_weight, k_proj_bias), hkv)
     v = _split_heads(F.linear(h, v_proj_weight, v_proj_bias), hkv)
-    cos = st.mrope_select(rope_cos)[:, None]
-    sin = st.mrope_select(rope_sin)[:, None]
+    seq_len = hidden_states.shape[1]
+    cos = st.mrope_select(rope_cos, seq_len, mrope_layout)[:, None]
+    sin = st.mrope_select(rope_sin, seq_len, mrope_layout)[:, None]
     q = q * cos + st.rotate_half(q) * sin
     k = k * cos + st.rotate_half(k) * sin
     group = hq // hkv
@@ -144,14 +153,81 @@ def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bia
     return (x1 + m,)
 
 
-def torch_eager_tf32(*inputs):
+torch_eager_hf_mrope = functools.partial(torch_eager, mrope_layout="hf")
+torch_eager_hf_mrope.__doc__ = "``torch_eager`` with HF Qwen2-VL's mRoPE layout (the ``hf_mrope`` variant)."
+
+
+class _Tf32:
+    """Within the block, float32 matmuls and convolutions use TF32 tensor cores or not."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+
+    def __enter__(self):
+        self.old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.enabled
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.old
+
+
+def torch_eager_tf32(*inputs, mrope_layout: str = "sol"):
     """``torch_eager`` with TF32 tensor-core matmuls (the SOL-ExecBench torch baseline)."""
-    old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
-    try:
-        return torch_eager(*inputs)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+    with _Tf32(True):
+        return torch_eager(*inputs, mrope_layout=mrope_layout)
+
+
+torch_eager_tf32_hf_mrope = functools.partial(torch_eager_tf32, mrope_layout="hf")
+
+
+# --------------------------------------------------------------------------- the benchmark's reference
+@torch.no_grad()
+def sol_reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
+                  k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
+                  rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
+                  up_proj_weight, down_proj_weight, rms_norm_eps, *, mrope_layout: str = "sol"):
+    """What SOL-ExecBench L2/019 compares against, in its own precision (SPEC.md):
+    float32 eager torch with TF32 off, attention as an explicit matmul / softmax /
+    matmul over the whole causal score matrix (no SDPA), the kv heads repeated for the
+    groups, the norm weight applied after the normalisation. Written from SPEC.md;
+    ``fuseval check --against sol_reference --rules sol`` predicts the benchmark's
+    verdict with it."""
+    eps = float(rms_norm_eps)
+    d = rope_cos.shape[-1]
+    hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
+    b, s, hidden = hidden_states.shape
+
+    def norm(t, w):
+        t = t.to(torch.float32)
+        return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
+
+    with _Tf32(False):
+        x = hidden_states
+        h = norm(x, input_layernorm_weight)
+        q = _split_heads(F.linear(h, q_proj_weight, q_proj_bias), hq)
+        k = _split_heads(F.linear(h, k_proj_weight, k_proj_bias), hkv)
+        v = _split_heads(F.linear(h, v_proj_weight, v_proj_bias), hkv)
+        cos = st.mrope_select(rope_cos, s, mrope_layout)[:, None]
+        sin = st.mrope_select(rope_sin, s, mrope_layout)[:, None]
+        q = q * cos + st.rotate_half(q) * sin
+        k = k * cos + st.rotate_half(k) * sin
+        group = hq // hkv
+        k = k[:, :, None].expand(b, hkv, group, s, d).reshape(b, hq, s, d)
+        v = v[:, :, None].expand(b, hkv, group, s, d).reshape(b, hq, s, d)
+        scores = torch.matmul(q, k.transpose(2, 3)) * (d ** -0.5)
+        scores = scores + torch.full((s, s), float("-inf"), device=x.device).triu(1)
+        p = torch.softmax(scores, dim=-1, dtype=torch.float32)
+        del scores
+        attn = torch.matmul(p, v)
+        del p
+        x1 = x + F.linear(_merge_heads(attn), o_proj_weight)
+        h2 = norm(x1, post_attention_layernorm_weight)
+        m = F.linear(F.silu(F.linear(h2, gate_proj_weight)) * F.linear(h2, up_proj_weight),
+                     down_proj_weight)
+        return (x1 + m,)
+
+
+sol_reference_hf_mrope = functools.partial(sol_reference, mrope_layout="hf")
 
 
 # --------------------------------------------------------------------------- realistic inputs

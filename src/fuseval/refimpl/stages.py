@@ -11,7 +11,7 @@ import math
 
 import torch
 
-__all__ = ["rms_norm", "linear", "rotate_half", "rope", "mrope_select", "mrope_section",
+__all__ = ["rms_norm", "linear", "rotate_half", "rope", "mrope_select", "mrope_section", "mrope_chunks", "MROPE_LAYOUTS",
            "causal_gqa_attention", "silu", "swiglu"]
 
 
@@ -37,6 +37,9 @@ def rope(t: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     return t * cos + rotate_half(t) * sin
 
 
+MROPE_LAYOUTS = ("sol", "hf")
+
+
 def mrope_section(head_dim: int) -> list[int]:
     """Qwen2-VL's multimodal RoPE section for head_dim D: (D/8, 3D/16, 3D/16), sum D/2
     ((16, 24, 24) at D=128)."""
@@ -45,16 +48,35 @@ def mrope_section(head_dim: int) -> list[int]:
     return [head_dim // 8, 3 * head_dim // 16, 3 * head_dim // 16]
 
 
-def mrope_select(table: torch.Tensor) -> torch.Tensor:
-    """Collapse a [3, B, S, D] cos or sin table to [B, S, D].
+def mrope_chunks(head_dim: int, layout: str = "sol") -> list[tuple[int, int]]:
+    """(position axis, width) of the consecutive head-dim chunks of a cos/sin row.
 
-    Head-dim index d takes its value from position axis a(d), where a runs 0,1,2,0,1,2
-    over the consecutive chunks [s0, s1, s2, s0, s1, s2] of d (the section repeated for
-    the two rotate_half halves)."""
-    n_axes, _, _, d = table.shape
-    section = mrope_section(d)
-    chunks = torch.split(table, section * 2, dim=-1)
-    return torch.cat([chunk[i % n_axes] for i, chunk in enumerate(chunks)], dim=-1)
+    ``"sol"`` (SOL-ExecBench L2/019): the section doubled element-wise, one contiguous
+    chunk per axis: (0, D/4), (1, 3D/8), (2, 3D/8), i.e. (32, 48, 48) at D=128.
+    ``"hf"`` (HF Qwen2-VL): the section repeated for the two rotate_half halves, axes
+    0,1,2,0,1,2 over (D/8, 3D/16, 3D/16, D/8, 3D/16, 3D/16)."""
+    section = mrope_section(head_dim)
+    if layout == "sol":
+        return [(axis, 2 * width) for axis, width in enumerate(section)]
+    if layout == "hf":
+        return [(i % 3, width) for i, width in enumerate(section * 2)]
+    raise ValueError(f"mrope layout: expected one of {MROPE_LAYOUTS}, got {layout!r}")
+
+
+def mrope_select(table: torch.Tensor, seq_len: int | None = None, layout: str = "sol") -> torch.Tensor:
+    """Collapse a [3, B, kv_seq_len, D] cos or sin table to [B, seq_len, D].
+
+    Head-dim index d takes its value from the position axis of its chunk
+    (``mrope_chunks``); rows 0..seq_len-1 are used (all rows when ``seq_len`` is None):
+    the tables may be longer than this call's tokens."""
+    _, _, rows, d = table.shape
+    seq_len = rows if seq_len is None else int(seq_len)
+    if seq_len > rows:
+        raise ValueError(f"mrope: the cos/sin tables have kv_seq_len={rows} rows, "
+                         f"fewer than seq_len={seq_len}")
+    chunks = mrope_chunks(d, layout)
+    parts = torch.split(table[:, :, :seq_len], [w for _, w in chunks], dim=-1)
+    return torch.cat([part[axis] for (axis, _), part in zip(chunks, parts)], dim=-1)
 
 
 def causal_gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
