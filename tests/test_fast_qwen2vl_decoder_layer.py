@@ -5,10 +5,13 @@ TRITON_INTERPRET=1), on scaled-down configurations with ragged sequence lengths:
 'small' (hidden 64, 4 query heads on 2 kv heads, head_dim 16) and 'gqa7' (7 query heads
 per kv head). Every check draws fresh inputs and compares with the oracle under the
 benchmark's tolerance rule (fuseval.check); each planted bug (a mutant of the kernels)
-must be rejected by the same check.
+must be rejected by the same check. Cases with kv_seq_len > seq_len (RoPE tables longer
+than the call's tokens: the layer uses their first seq_len rows) and the "hf_mrope"
+variant (HF Qwen2-VL's mRoPE layout, ``forward_hf_mrope``) have tests of their own.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -32,6 +35,11 @@ def _case(config: str, index: int):
 
 def _inputs(defn, case, seed, mode="benchmark"):
     return generate_inputs(defn, case.axes, seed=seed, mode=mode, device=CPU)
+
+
+def _longer_tables(case, extra: int):
+    """The case with RoPE tables ``extra`` rows longer than its tokens (kv_seq_len > seq_len)."""
+    return dataclasses.replace(case, axes={**case.axes, "kv_seq_len": case.axes["seq_len"] + extra})
 
 
 # --------------------------------------------------------------------------- correctness
@@ -162,7 +170,12 @@ def small_case():
     return defn, case, _inputs(defn, case, seed=2024)
 
 
-@pytest.mark.parametrize("mutant", [m for m in fast.MUTANTS if m != "eps_outside_sqrt"])
+# mutants that need inputs of their own: eps_outside_sqrt (tiny activations) and
+# mrope_last_rows (tables longer than the tokens), below
+SPECIAL_INPUT_MUTANTS = ("eps_outside_sqrt", "mrope_last_rows")
+
+
+@pytest.mark.parametrize("mutant", [m for m in fast.MUTANTS if m not in SPECIAL_INPUT_MUTANTS])
 def test_check_rejects_each_mutant(small_case, mutant):
     defn, case, inputs = small_case
     good = run_case(defn, fast.forward, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
@@ -200,12 +213,13 @@ def test_unknown_mutant_is_rejected():
 # --------------------------------------------------------------------------- input errors
 def test_bad_inputs_raise_value_errors_naming_them(small_case):
     defn, case, inputs = small_case
-    longer = list(inputs)
+    shorter = list(inputs)
     b, s = inputs[0].shape[:2]
-    longer[9] = torch.zeros(3, b, s + 1, inputs[9].shape[-1])
-    longer[10] = longer[9].clone()
-    with pytest.raises(ValueError, match=rf"kv_seq_len={s + 1}.*seq_len={s}"):
-        fast.forward(*longer)
+    shorter[9] = inputs[9][:, :, :s - 1].contiguous()   # fewer table rows than tokens
+    shorter[10] = inputs[10][:, :, :s - 1].contiguous()
+    for fn in (fast.forward, fast.forward.staged, fast.forward_hf_mrope):
+        with pytest.raises(ValueError, match=rf"kv_seq_len={s - 1}.*seq_len={s}"):
+            fn(*shorter)
     wrong_dtype = list(inputs)
     wrong_dtype[8] = inputs[8].double()
     with pytest.raises(ValueError, match="o_proj_weight.*float32"):
@@ -216,6 +230,105 @@ def test_bad_inputs_raise_value_errors_naming_them(small_case):
         fast.forward(*wrong_shape)
     with pytest.raises(ValueError, match="16 inputs"):
         fast.variant()(*inputs[:-1])
+
+
+# --------------------------------------------------------------------------- kv_seq_len > seq_len
+@pytest.fixture(scope="module")
+def long_table_case():
+    """'small', 3 sequences of 11 tokens (33 rows: no tile is full) with RoPE tables 7
+    rows longer than the tokens."""
+    defn, case = _case("small", 9)
+    case = _longer_tables(dataclasses.replace(case, axes={"seq_len": 11, "batch_size": 3}), 7)
+    return defn, case, _inputs(defn, case, seed=4048)
+
+
+def test_fast_reads_the_first_seq_len_rows_of_longer_tables(long_table_case):
+    """kv_seq_len > seq_len: the check against the oracle passes, and the output is exactly
+    the one computed from the tables cut to their first seq_len rows (the kernels read
+    nothing else of them), for the fused and the staged path."""
+    defn, case, inputs = long_table_case
+    s = case.axes["seq_len"]
+    assert inputs[9].shape[2] == s + 7
+    result = run_case(defn, fast.forward, case, seed=0, device=CPU, inputs=inputs)
+    assert result.passed, result.messages
+    cut = list(inputs)
+    cut[9], cut[10] = (t[:, :, :s].contiguous() for t in inputs[9:11])
+    out = fast.forward(*inputs)[0]
+    assert torch.equal(out, fast.forward(*cut)[0])
+    assert torch.equal(out, fast.forward.staged(*inputs)[0])
+    # the rows past seq_len really are different: the last seq_len rows give another layer
+    last = list(inputs)
+    last[9], last[10] = (t[:, :, -s:].contiguous() for t in inputs[9:11])
+    assert not compare(fast.forward(*last)[0], reference(*inputs)[0], case.tolerance).passed
+
+
+def test_staged_mrope_tap_reads_the_first_rows(long_table_case):
+    defn, case, inputs = long_table_case
+    want: dict = {}
+    reference(*inputs, taps=want)
+    got: dict = {}
+    fast.forward.staged(*inputs, taps=got, precision="ieee")
+    assert float((got["mrope"].double() - want["mrope"]).abs().max()) < 1e-5
+
+
+def test_check_rejects_the_last_rows_mutant(long_table_case, small_case):
+    """Reading the last seq_len rows is caught once the tables are longer than the tokens;
+    with kv_seq_len == seq_len it is the same computation (the mutant is that bug only)."""
+    defn, case, inputs = long_table_case
+    for mutant in (fast.variant("mrope_last_rows"), fast.variant("mrope_last_rows").staged):
+        bad = run_case(defn, mutant, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+        assert not bad.passed and "tolerance" in bad.violations, bad.outputs[0].max_abs
+    _, _, equal_rows = small_case
+    assert torch.equal(fast.variant("mrope_last_rows")(*equal_rows)[0], fast.forward(*equal_rows)[0])
+
+
+def test_generated_longer_tables_pass_the_check():
+    """kv_seq_len > seq_len drawn by the input generator, on the 7-heads-per-kv-head config."""
+    defn, case = _case("gqa7", 2)
+    case = _longer_tables(case, 13)
+    result = run_case(defn, fast.forward, case, seed=31, device=CPU)
+    assert result.passed, result.messages
+
+
+# --------------------------------------------------------------------------- the hf_mrope variant
+def test_forward_hf_mrope_matches_the_hf_oracle(long_table_case):
+    """The "hf_mrope" variant: forward_hf_mrope passes the check against
+    reference(mrope_layout="hf") (the variant's oracle, resolved through the definition),
+    fails against the benchmark's; forward fails against the variant's oracle."""
+    defn, case, inputs = long_table_case
+    hf = load(OP, "small", variant="hf_mrope")
+    assert hf.implementations["fast"].endswith(":forward_hf_mrope")
+    good = run_case(hf, fast.forward_hf_mrope, case, seed=0, device=CPU, inputs=inputs)
+    assert good.passed, good.messages
+    explicit = compare(fast.forward_hf_mrope(*inputs)[0], reference(*inputs, mrope_layout="hf")[0],
+                       case.tolerance)
+    assert explicit.passed and explicit.max_abs < case.tolerance.atol
+    for d, impl in ((defn, fast.forward_hf_mrope), (hf, fast.forward)):
+        bad = run_case(d, impl, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+        assert not bad.passed and "tolerance" in bad.violations
+
+
+def test_forward_hf_mrope_staged_taps_match_the_hf_oracle(long_table_case):
+    defn, case, inputs = long_table_case
+    want: dict = {}
+    reference(*inputs, taps=want, mrope_layout="hf")
+    got: dict = {}
+    out = fast.forward_hf_mrope.staged(*inputs, taps=got, precision="ieee")[0]
+    for name in ("mrope", "attention", "residual"):
+        assert float((got[name].double() - want[name]).abs().max()) < 1e-4, name
+    assert torch.equal(out, fast.forward_hf_mrope(*inputs, precision="ieee")[0])
+
+
+def test_check_rejects_the_swapped_layout_in_the_hf_variant(long_table_case):
+    """mrope_layout_swapped is the benchmark's layout under forward_hf_mrope: the variant's
+    check rejects it (under forward, the generic mutant test covers HF's layout)."""
+    defn, case, inputs = long_table_case
+    hf = load(OP, "small", variant="hf_mrope")
+    mutant = fast.variant("mrope_layout_swapped", mrope_layout="hf")
+    bad = run_case(hf, mutant, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+    assert not bad.passed and "tolerance" in bad.violations
+    with pytest.raises(ValueError, match="mrope_layout"):
+        fast.variant(mrope_layout="qwen")
 
 
 # --------------------------------------------------------------------------- cost model
@@ -242,6 +355,20 @@ def test_cost_model_counts_inputs_outputs_and_products():
 def test_fast_passes_full_size_on_the_gpu(index):
     defn, case = _case("seed", index)
     result = run_case(defn, fast.forward, case, seed=99, device=torch.device("cuda"))
+    assert result.passed, result.messages
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["sol", "hf_mrope"])
+def test_longer_tables_and_both_layouts_on_the_gpu(variant):
+    """Full size, 131 tokens with tables of 300 rows (first 131 used), each layout against
+    its own oracle (the Triton QKV epilogue with the GPU table's tiles)."""
+    defn, case = _case("seed", 5)
+    defn = load(OP, variant=variant)
+    case = _longer_tables(case, 300 - case.axes["seq_len"])
+    impl = fast.forward if variant == "sol" else fast.forward_hf_mrope
+    result = run_case(defn, impl, case, seed=7, device=torch.device("cuda"))
     assert result.passed, result.messages
 
 

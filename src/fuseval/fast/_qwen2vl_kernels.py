@@ -290,31 +290,66 @@ def swiglu_kernel(gu_ptr, out_ptr, M, N, stride_gu, stride_out, BM: tl.constexpr
 
 # --------------------------------------------------------------------------- QKV + bias + mRoPE
 @triton.jit
-def _mrope_axis(j, D: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
-    """Position axis (t=0, h=1, w=2) of head-dim index j < D/2; the second half of the
-    head repeats the same chunks, so index j + D/2 uses the same axis."""
+def _mrope_axes(j, D: tl.constexpr, HF_LAYOUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+    """Position axes (t=0, h=1, w=2) whose cos/sin head-dim columns ``j`` (< D/2, the lo
+    half of a head) and j + D/2 (the hi half) use.
+
+    Qwen2-VL's section is (D/8, 3D/16, 3D/16) ((16, 24, 24) at D=128). The benchmark's
+    layout (HF_LAYOUT False) doubles it element-wise: one contiguous chunk per axis,
+    [0, D/4) from t, [D/4, 5D/8) from h, [5D/8, D) from w, so the lo half spans t and h
+    and the hi half h and w. HF's layout repeats the section for the two rotate_half
+    halves: column j and j + D/2 use the same axis. Both are computed from j directly,
+    without a modulo: Triton then still sees runs of 4 contiguous columns in the table
+    offsets and emits 16-byte loads (through a modulo it loses that and loads scalars)."""
+    HALF: tl.constexpr = D // 2
     s0: tl.constexpr = D // 8
     s1: tl.constexpr = 3 * D // 16
-    axis = tl.where(j < s0, 0, tl.where(j < s0 + s1, 1, 2))
+    if HF_LAYOUT:
+        axis_lo = tl.where(j < s0, 0, tl.where(j < s0 + s1, 1, 2))
+        axis_hi = axis_lo
+    else:
+        axis_lo = tl.where(j < 2 * s0, 0, 1)
+        axis_hi = tl.where(j < 2 * (s0 + s1) - HALF, 1, 2)
     if MUT_WRONG_AXIS:
-        axis = (axis + 1) % 3
-    return axis
+        axis_lo = (axis_lo + 1) % 3
+        axis_hi = (axis_hi + 1) % 3
+    return axis_lo, axis_hi
 
 
 @triton.jit
-def _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D: tl.constexpr,
-                  ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+def _mrope_row_offsets(rows, S, cos_stride_b, D: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
+    """Offsets of the cos/sin rows of tokens ``rows`` (b * S + s) in a contiguous
+    [3, B, kv_seq_len, D] table: token s of sequence b reads row s of batch b. The table
+    may hold more rows than this call's tokens (kv_seq_len >= S, ``cos_stride_b`` =
+    kv_seq_len * D); the layer uses its first S rows. MUT_LAST_ROWS: the last S rows
+    instead (a planted bug, visible only when kv_seq_len > S)."""
+    b = rows // S
+    s = rows % S
+    if MUT_LAST_ROWS:
+        s += cos_stride_b // D - S
+    return b * cos_stride_b + s * D
+
+
+@triton.jit
+def _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D: tl.constexpr,
+                  HF_LAYOUT: tl.constexpr, ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
     """Multimodal RoPE of the two halves of head rows: ``lo``/``hi`` [BM, n] hold columns
-    ``j`` and j + D/2 (j < D/2) of tokens ``rows``; cos/sin [3, tokens, D] are read from
-    the position axis of each column (_mrope_axis). Returns (lo cos - hi sin, hi cos +
-    lo sin), rounded to TF32 when ROUND_OUT (they only feed TF32 products)."""
+    ``j`` and j + D/2 (j < D/2) of the tokens whose table rows start at ``row_off``
+    (_mrope_row_offsets); cos/sin of each column come from the position axis of its index
+    (_mrope_axes: under the benchmark's layout the two halves use different axes). Returns
+    (lo cos_lo - hi sin_lo, hi cos_hi + lo sin_hi), rounded to TF32 when ROUND_OUT (they
+    only feed TF32 products)."""
     HALF: tl.constexpr = D // 2
-    axis = _mrope_axis(j, D, MUT_WRONG_AXIS)
-    c_off = axis[None, :] * cos_stride_axis + rows[:, None] * D + j[None, :]
-    cos_lo = tl.load(cos_ptr + c_off, mask=mask, other=0.0)
-    cos_hi = tl.load(cos_ptr + c_off + HALF, mask=mask, other=0.0)
-    sin_lo = tl.load(sin_ptr + c_off, mask=mask, other=0.0)
-    sin_hi = tl.load(sin_ptr + c_off + HALF, mask=mask, other=0.0)
+    axis_lo, axis_hi = _mrope_axes(j, D, HF_LAYOUT, MUT_WRONG_AXIS)
+    off_lo = row_off[:, None] + (axis_lo * cos_stride_axis + j)[None, :]
+    if HF_LAYOUT:
+        off_hi = off_lo + HALF
+    else:
+        off_hi = row_off[:, None] + (axis_hi * cos_stride_axis + j + HALF)[None, :]
+    cos_lo = tl.load(cos_ptr + off_lo, mask=mask, other=0.0)
+    cos_hi = tl.load(cos_ptr + off_hi, mask=mask, other=0.0)
+    sin_lo = tl.load(sin_ptr + off_lo, mask=mask, other=0.0)
+    sin_hi = tl.load(sin_ptr + off_hi, mask=mask, other=0.0)
     rot_lo = lo * cos_lo - hi * sin_lo
     rot_hi = hi * cos_hi + lo * sin_hi
     if ROUND_OUT:
@@ -325,12 +360,13 @@ def _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D: t
 
 @triton.jit(do_not_specialize=["M", "S"])
 def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
-                    qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis,
+                    qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis, cos_stride_b,
                     vt_stride_b, vt_stride_h, vt_stride_d,
                     QD: tl.constexpr, KD: tl.constexpr, D: tl.constexpr, HPT: tl.constexpr,
                     BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr, ROUND_B: tl.constexpr,
-                    FUSED: tl.constexpr, ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+                    FUSED: tl.constexpr, ROUND_OUT: tl.constexpr, HF_LAYOUT: tl.constexpr,
+                    MUT_WRONG_AXIS: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
     """[q | k | v] = h [Wq | Wk | Wv]^T + b for one tile of BM tokens x ``HPT`` whole heads.
 
     The main loop is a plain GEMM tile (BN = HPT * D columns of one of the three weights,
@@ -338,7 +374,9 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
     weight is picked once per program. RoPE pairs column d with d + D/2 of the same head;
     the epilogue views the accumulator as [BM, HPT, 2, D/2] and splits off the two halves
     (one register shuffle per tile, after the K loop), so that
-    q' = [lo*cos_lo - hi*sin_lo | hi*cos_hi + lo*sin_hi] is element-wise.
+    q' = [lo*cos_lo - hi*sin_lo | hi*cos_hi + lo*sin_hi] is element-wise. cos/sin
+    ([3, B, kv_seq_len, D], first S rows used) follow the benchmark's chunk layout, or
+    HF's when HF_LAYOUT (_mrope_axes).
 
     FUSED: write RoPE'd q and k into ``qk_ptr`` ([M, QD+KD], the ``mrope`` layout) and v
     transposed into ``vt_ptr`` ([B, Hkv, D, S_pad]: keys contiguous, the operand order
@@ -382,8 +420,9 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
         i = tl.arange(0, HPT * HALF)
         j = i % HALF                         # index within the first half of the head
         out_cols = n0 + (i // HALF) * D + j  # column of the lo half in [q' | k']
-        rot_lo, rot_hi = _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, row_ok, D,
-                                       ROUND_OUT, MUT_WRONG_AXIS)
+        row_off = _mrope_row_offsets(rows, S, cos_stride_b, D, MUT_LAST_ROWS)
+        rot_lo, rot_hi = _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, row_ok, D,
+                                       HF_LAYOUT, ROUND_OUT, MUT_WRONG_AXIS)
         qk_ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
         tl.store(qk_ptrs, rot_lo, mask=row_ok)
         tl.store(qk_ptrs + HALF, rot_hi, mask=row_ok)
@@ -398,9 +437,10 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
         tl.store(vt_ptrs, acc, mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["M"])
-def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, cos_stride_axis,
-                 D: tl.constexpr, BM: tl.constexpr, ROUND_OUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr):
+@triton.jit(do_not_specialize=["M", "S"])
+def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, S, stride_qkv, stride_out, cos_stride_axis,
+                 cos_stride_b, D: tl.constexpr, BM: tl.constexpr, ROUND_OUT: tl.constexpr,
+                 HF_LAYOUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
     """The unfused ``mrope`` stage (staged path only): one head (program axis 1) of q or k
     for BM tokens, read from [q | k | v] and written to [q' | k']."""
     HALF: tl.constexpr = D // 2
@@ -411,8 +451,9 @@ def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, stride_qkv, stride_out, 
     src = qkv_ptr + rows[:, None] * stride_qkv + col0 + j[None, :]
     lo = tl.load(src, mask=mask, other=0.0)
     hi = tl.load(src + HALF, mask=mask, other=0.0)
-    rot_lo, rot_hi = _mrope_rotate(lo, hi, rows, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D, ROUND_OUT,
-                                   MUT_WRONG_AXIS)
+    row_off = _mrope_row_offsets(rows, S, cos_stride_b, D, MUT_LAST_ROWS)
+    rot_lo, rot_hi = _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D, HF_LAYOUT,
+                                   ROUND_OUT, MUT_WRONG_AXIS)
     dst = out_ptr + rows[:, None] * stride_out + col0 + j[None, :]
     tl.store(dst, rot_lo, mask=mask)
     tl.store(dst + HALF, rot_hi, mask=mask)

@@ -42,6 +42,14 @@ asks for ``round_b`` (rounding in the kernel: 1.7-2.2x slower at 8192 tokens, so
 GPU tiles come from a table measured on the H200 (``GPU_TABLE``); see
 benchmarks/notes_qwen2vl_decoder_layer.md for the numbers.
 
+Multimodal RoPE. cos/sin are [3, B, kv_seq_len, D] with kv_seq_len >= seq_len; token s
+of sequence b reads row s of its batch (the first seq_len rows: keys and values come only
+from this call's tokens). ``forward`` uses the benchmark's chunk layout (head-dim index d
+from position axis 0 for d < D/4, 1 below 5D/8, 2 above; SOL-ExecBench L2/019);
+``forward_hf_mrope`` uses HF Qwen2-VL's (the section (D/8, 3D/16, 3D/16) repeated for the
+two rotate_half halves, the operator's "hf_mrope" variant). One constexpr of the RoPE
+code picks the layout; everything else is shared.
+
 ``forward.staged`` implements the stage-tap protocol (docs/developing.md): the
 same kernels, unfused where a stage boundary falls inside a fused kernel (plain QKV,
 then a RoPE kernel; gate/up, then a SwiGLU kernel), so every SPEC stage can be read or
@@ -66,16 +74,22 @@ import triton
 from . import _qwen2vl_kernels as K
 from ._graphs import GraphCache, tensor_key
 
-__all__ = ["forward", "forward_staged", "variant", "PRECISIONS", "MUTANTS", "compile_only",
-           "plan_for", "INPUT_NAMES"]
+__all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "PRECISIONS", "MROPE_LAYOUTS",
+           "MUTANTS", "compile_only", "plan_for", "INPUT_NAMES"]
 
 NAME = "qwen2vl_decoder_layer"
 PRECISIONS = ("tf32", "tf32x3", "ieee")
+# cos/sin chunk layouts: "sol" the benchmark's (forward), "hf" HF Qwen2-VL's (forward_hf_mrope)
+MROPE_LAYOUTS = ("sol", "hf")
 # Deliberately broken variants (tests): each plants one bug the check must catch.
 MUTANTS = (
     "noncausal_attention",      # attention sees future keys
     "kv_head_mod",              # query head i reads kv head i % Hkv instead of i // G
     "mrope_wrong_axis",         # cos/sin chunks taken from the next position axis
+    "mrope_layout_swapped",     # the other chunk layout: HF's under forward, the benchmark's under
+                                # forward_hf_mrope
+    "mrope_last_rows",          # the last seq_len rows of cos/sin instead of the first (visible only
+                                # when kv_seq_len > seq_len)
     "missing_residual",         # x1 = attn Wo^T (x not added)
     "missing_final_residual",   # out = m (x1 not added)
     "eps_outside_sqrt",         # x / (sqrt(mean x^2) + eps) in both norms
@@ -151,9 +165,9 @@ def _shape_of(inputs: Sequence[Any]) -> Shape:
     cos, sin = inputs[9], inputs[10]
     if cos.dim() != 4 or cos.shape[0] != 3 or cos.shape[1] != B:
         _fail("rope_cos", f"[3, batch_size={B}, kv_seq_len, head_dim]", tuple(cos.shape))
-    if cos.shape[2] != S:
-        raise ValueError(f"{NAME} (fast): kv_seq_len must equal seq_len (no KV cache): "
-                         f"rope_cos has kv_seq_len={cos.shape[2]}, hidden_states has seq_len={S}")
+    if cos.shape[2] < S:
+        raise ValueError(f"{NAME} (fast): rope_cos has kv_seq_len={cos.shape[2]} rows, fewer than "
+                         f"hidden_states' seq_len={S} (the layer uses the first seq_len rows)")
     D = cos.shape[3]
     if D < 16 or D & (D - 1):
         _fail("rope_cos", "a head_dim that is a power of two >= 16 (this fast path)", D)
@@ -229,6 +243,12 @@ class Plan:
     norm_warps: int
     precision: str
     attention_precision: str
+    mrope_layout: str = "sol"
+
+    @property
+    def hf_layout(self) -> bool:
+        """Whether the RoPE kernels use HF's cos/sin chunk layout (else the benchmark's)."""
+        return self.mrope_layout == "hf"
 
     @property
     def round_act(self) -> bool:
@@ -337,9 +357,12 @@ def _heads_per_tile(sh: Shape, want: int) -> int:
 
 def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
              attention_precision: str | None = None,
-             tuning: Mapping[str, Any] | None = None) -> Plan:
+             tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> Plan:
     """Tile shapes for one call. ``tuning`` overrides entries ({"o_proj": GemmConfig, ...,
-    "qkv_heads_per_tile": int}); the benchmark uses it to time variants."""
+    "qkv_heads_per_tile": int}); the benchmark uses it to time variants. ``mrope_layout``:
+    one of MROPE_LAYOUTS (part of the plan, so CUDA graphs of the two layouts never mix)."""
+    if mrope_layout not in MROPE_LAYOUTS:
+        raise ValueError(f"{NAME} (fast): mrope_layout must be one of {MROPE_LAYOUTS}, got {mrope_layout!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
     attention_precision = attention_precision or precision
@@ -365,7 +388,7 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
                     norm_warps=4)
     plan.update(tuning or {})
     plan["qkv_heads_per_tile"] = _heads_per_tile(sh, plan["qkv_heads_per_tile"])
-    return Plan(precision=precision, attention_precision=attention_precision, **plan)
+    return Plan(precision=precision, attention_precision=attention_precision, mrope_layout=mrope_layout, **plan)
 
 
 # --------------------------------------------------------------------------- launching
@@ -409,10 +432,23 @@ def launch_norm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, eps: float,
     return out
 
 
+def _hf_layout(plan: Plan, mutant: str | None) -> bool:
+    """The RoPE kernels' HF_LAYOUT flag: the plan's layout, swapped by the mutant."""
+    return plan.hf_layout != (mutant == "mrope_layout_swapped")
+
+
+def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> None:
+    """The RoPE kernels index cos/sin as contiguous [3, B, kv_seq_len, D] tables of equal shape."""
+    if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape):
+        raise ValueError(f"{NAME} (fast): rope_cos and rope_sin must be contiguous tables of one shape")
+
+
 def launch_qkv(h: torch.Tensor, w: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
                sh: Shape, plan: Plan, out: torch.Tensor, vt: torch.Tensor | None, *, fused: bool,
                mutant: str | None = None) -> None:
-    """fused: RoPE'd [q|k] into ``out`` ([M, QD+KD]) and v into ``vt``; else plain [q|k|v]."""
+    """fused: RoPE'd [q|k] into ``out`` ([M, QD+KD]) and v into ``vt``; else plain [q|k|v].
+    cos/sin: [3, B, kv_seq_len >= S, D], contiguous; the first S rows are used."""
+    _rope_tables(cos, sin)
     c, hpt = plan.qkv, plan.qkv_heads_per_tile
     wq, bq, wk, bk, wv, bv = w
     M = sh.M
@@ -426,20 +462,24 @@ def launch_qkv(h: torch.Tensor, w: Sequence[torch.Tensor], cos: torch.Tensor, si
     vs = vt.stride() if vt is not None else (0, 0, 0, 0)
     grid = (triton.cdiv(M, c.BM) * ((sh.QD + 2 * sh.KD) // bn),)
     _launch(K.qkv_rope_kernel, grid, x_arg, wq, wk, wv, bq, bk, bv, cos, sin, out, vt_arg, M, sh.S, sh.H,
-            h.stride(0), out.stride(0), cos.stride(0), vs[0], vs[1], vs[2],
+            h.stride(0), out.stride(0), cos.stride(0), cos.stride(1), vs[0], vs[1], vs[2],
             QD=sh.QD, KD=sh.KD, D=sh.D, HPT=hpt, BM=c.BM, BK=c.BK, GROUP_M=c.GROUP_M,
             EVEN_K=_even(sh.H, c.BK), PREC=plan.precision, USE_TMA=c.use_tma,
             ROUND_B=c.round_b and plan.round_act, FUSED=fused,
-            ROUND_OUT=fused and plan.round_attn, MUT_WRONG_AXIS=mutant == "mrope_wrong_axis",
+            ROUND_OUT=fused and plan.round_attn, HF_LAYOUT=_hf_layout(plan, mutant),
+            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", MUT_LAST_ROWS=mutant == "mrope_last_rows",
             num_warps=c.num_warps, num_stages=c.num_stages)
 
 
 def launch_mrope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sh: Shape, out: torch.Tensor,
                  plan: Plan, mutant: str | None = None) -> torch.Tensor:
+    _rope_tables(cos, sin)
     bm = 32
-    _launch(K.mrope_kernel, (triton.cdiv(sh.M, bm), sh.Hq + sh.Hkv), qkv, cos, sin, out, sh.M,
-            qkv.stride(0), out.stride(0), cos.stride(0), D=sh.D, BM=bm, ROUND_OUT=plan.round_attn,
-            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", num_warps=4)
+    _launch(K.mrope_kernel, (triton.cdiv(sh.M, bm), sh.Hq + sh.Hkv), qkv, cos, sin, out, sh.M, sh.S,
+            qkv.stride(0), out.stride(0), cos.stride(0), cos.stride(1), D=sh.D, BM=bm,
+            ROUND_OUT=plan.round_attn, HF_LAYOUT=_hf_layout(plan, mutant),
+            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", MUT_LAST_ROWS=mutant == "mrope_last_rows",
+            num_warps=4)
     return out
 
 
@@ -610,10 +650,11 @@ GRAPHS = GraphCache(capacity=4)
 
 
 def _run(inputs: Sequence[Any], *, precision: str = "tf32", attention_precision: str | None = None,
-         mutant: str | None = None, tuning: Mapping[str, Any] | None = None) -> tuple[torch.Tensor]:
+         mutant: str | None = None, tuning: Mapping[str, Any] | None = None,
+         mrope_layout: str = "sol") -> tuple[torch.Tensor]:
     """The fused production pipeline (7 launches; small calls replayed from a CUDA graph)."""
     sh, t, eps = _prepare(inputs)
-    plan = plan_for(sh, t[0].device, precision, attention_precision, tuning)
+    plan = plan_for(sh, t[0].device, precision, attention_precision, tuning, mrope_layout)
     launch = functools.partial(_launch_layer, sh, t, eps, plan, mutant)
     if sh.M > GRAPH_MAX_TOKENS or _interpreting():
         return launch()
@@ -649,12 +690,12 @@ def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan,
 def _run_staged(inputs: Sequence[Any], *, taps: MutableMapping[str, torch.Tensor] | None = None,
                 override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
                 attention_precision: str | None = None, mutant: str | None = None,
-                tuning: Mapping[str, Any] | None = None) -> tuple[torch.Tensor]:
+                tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> tuple[torch.Tensor]:
     """Stage by stage with the same kernels; taps in the reference's layouts ([B, S, ...])."""
     sh, t, eps = _prepare(inputs)
     (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
     dev = x.device
-    plan = plan_for(sh, dev, precision, attention_precision, tuning)
+    plan = plan_for(sh, dev, precision, attention_precision, tuning, mrope_layout)
     M, H, B, S = sh.M, sh.H, sh.B, sh.S
     x2 = x.view(M, H)
     new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
@@ -712,13 +753,17 @@ STAGES = ("input_norm", "qkv_proj", "mrope", "attention", "o_proj", "post_norm",
 
 
 def variant(mutant: str | None = None, *, precision: str = "tf32", attention_precision: str | None = None,
-            tuning: Mapping[str, Any] | None = None) -> Callable[..., tuple[torch.Tensor]]:
-    """A forward with a fixed policy (and optionally a planted bug), carrying ``.staged``."""
+            tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> Callable[..., tuple[torch.Tensor]]:
+    """A forward with a fixed policy (and optionally a planted bug), carrying ``.staged``.
+    ``mrope_layout="hf"``: ``forward_hf_mrope``'s layout."""
+    if mrope_layout not in MROPE_LAYOUTS:
+        raise ValueError(f"{NAME} (fast): mrope_layout must be one of {MROPE_LAYOUTS}, got {mrope_layout!r}")
     if mutant is not None and mutant not in MUTANTS:
         raise ValueError(f"{NAME} (fast): mutant must be one of {MUTANTS} or None, got {mutant!r}")
     if precision not in PRECISIONS:
         raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
-    opts = dict(precision=precision, attention_precision=attention_precision, mutant=mutant, tuning=tuning)
+    opts = dict(precision=precision, attention_precision=attention_precision, mutant=mutant, tuning=tuning,
+                mrope_layout=mrope_layout)
 
     def fn(*inputs):
         return _run(inputs, **opts)
@@ -727,7 +772,8 @@ def variant(mutant: str | None = None, *, precision: str = "tf32", attention_pre
         return _run_staged(inputs, taps=taps, override=override, **opts)
 
     fn.staged = staged
-    fn.__name__ = fn.__qualname__ = f"forward[{precision}{', ' + mutant if mutant else ''}]"
+    tags = [precision] + (["hf_mrope"] if mrope_layout == "hf" else []) + ([mutant] if mutant else [])
+    fn.__name__ = fn.__qualname__ = f"forward[{', '.join(tags)}]"
     return fn
 
 
@@ -735,7 +781,8 @@ def forward(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k
             k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
             post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
             rms_norm_eps, *, precision: str = "tf32", attention_precision: str | None = None):
-    """The fused Triton decoder layer; returns ``(output,)`` float32 [B, S, H]."""
+    """The fused Triton decoder layer with the benchmark's mRoPE layout (SOL-ExecBench
+    L2/019); returns ``(output,)`` float32 [B, S, H]."""
     return _run((hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
                  k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
                  post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
@@ -756,3 +803,26 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
 
 
 forward.staged = forward_staged
+
+
+def forward_hf_mrope(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
+                     k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
+                     post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
+                     rms_norm_eps, *, precision: str = "tf32", attention_precision: str | None = None):
+    """``forward`` with HF Qwen2-VL's mRoPE layout (the operator's "hf_mrope" variant): the
+    section (D/8, 3D/16, 3D/16) from axes t, h, w, repeated for the two rotate_half halves."""
+    return _run((hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
+                 k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
+                 post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
+                 rms_norm_eps), precision=precision, attention_precision=attention_precision, mrope_layout="hf")
+
+
+def forward_hf_mrope_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
+                            override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
+                            attention_precision: str | None = None):
+    """The stage-tap protocol of ``forward_hf_mrope`` (see ``forward_staged``)."""
+    return _run_staged(inputs, taps=taps, override=override, precision=precision,
+                       attention_precision=attention_precision, mrope_layout="hf")
+
+
+forward_hf_mrope.staged = forward_hf_mrope_staged
