@@ -261,6 +261,7 @@ def test_downstream_impact_grows_along_the_pipeline(fp32_reports):
     (OP_B, "qk_norm", fp32(op_b.reference, stages=namespace(rms_norm=eps_outside_sqrt))),
     (OP_B, "rope", functools.partial(op_b.reference, stages=namespace(rope=rope_minus))),
     (OP_B, "dequant", fp32(op_b.reference, codec=types.SimpleNamespace(
+        quantize_activations=nvfp4.quantize_activations,
         dequantize_nvfp4=lambda p, s, g, dtype: nvfp4.dequantize_nvfp4(p, s, 1.0, dtype)))),
 ])
 def test_stage_swapped_mutant_is_named_first_over_budget(op, stage, impl):
@@ -362,7 +363,8 @@ def test_html_is_self_contained_with_plots(fp32_reports, tmp_path):
 def test_dataframe_has_a_row_per_case_stage_and_kind(fp32_reports):
     df = fp32_reports[OP_B].to_dataframe()
     local = df[(df.kind == "local")]
-    assert len(local) == 3 * 5 and set(local.stage) == {"dequant", "proj", "qk_norm", "rope", "layout"}
+    assert len(local) == 3 * 6 and set(local.stage) == {"act_quant", "dequant", "proj", "qk_norm", "rope",
+                                                        "layout"}
     assert {"seq_len", "batch_size", "max_abs", "ulp_p99", "stage_usage"} <= set(df.columns)
     assert set(df[df.stage == "end_to_end"].kind) == {"impl", "naive", "reference_fp32", "torch"}
 

@@ -36,10 +36,10 @@ def two_outputs(*inputs):
 
 
 def thin_margin(*inputs):
-    """~3% of query elements off: passes the 95% rule with under half its allowance left."""
+    """~0.7% of query elements off: passes the 99% rule with under half its allowance left."""
     q, k, v = torch_eager(*inputs)
     q = q.clone()
-    q.view(-1)[::33] += 0.25
+    q.view(-1)[::150] += 0.25
     return q, k, v
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fuseval.definitions import load
-from fuseval.inputs import generate_inputs
+from fuseval.inputs import generic_benchmark_inputs, generate_inputs
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -41,6 +41,13 @@ SCALARS_B = {"q_proj_global_decode_scale", "k_proj_global_decode_scale",
 def named(op, axes, **kw):
     d = load(op, "small")
     return d, dict(zip(d.input_names, generate_inputs(d, axes, **kw)))
+
+
+def generic(op, axes, seed=0):
+    """Inputs under SOL-ExecBench's generic rules, also for an operator (op B) that draws
+    its benchmark inputs with a generator of its own."""
+    d = load(op, "small")
+    return d, generic_benchmark_inputs(d, d.resolve_axes(axes), seed)
 
 
 def bits(t: torch.Tensor) -> torch.Tensor:
@@ -151,8 +158,8 @@ def test_bad_mode_and_bad_axes_are_rejected():
     with pytest.raises(ValueError, match="noisy"):
         generate_inputs(d, {"batch_size": 1, "seq_len": 2, "kv_seq_len": 2}, mode="noisy")
     with pytest.raises(ValueError) as e:
-        generate_inputs(d, {"batch_size": 1, "seq_len": 2, "kv_seq_len": 3})
-    assert "kv_seq_len=3" in str(e.value) and "seq_len=2" in str(e.value)
+        generate_inputs(d, {"batch_size": 1, "seq_len": 2, "kv_seq_len": 1})
+    assert "kv_seq_len=1" in str(e.value) and "seq_len=2" in str(e.value)
 
 
 # ------------------------------------------------------------------ benchmark mode
@@ -188,7 +195,7 @@ def test_benchmark_activations_and_biases_are_standard_normal(name):
 @pytest.mark.parametrize("op, axes, cos_name, sin_name", [(OP_A, AXES_A, "rope_cos", "rope_sin"),
                                                           (OP_B, AXES_B, "cos", "sin")])
 def test_benchmark_cos_sin_are_bounded_independent_draws(op, axes, cos_name, sin_name):
-    _, x = named(op, axes, seed=5)
+    _, x = generic(op, axes, seed=5)
     c, s = x[cos_name].double(), x[sin_name].double()
     assert c.abs().max() <= 1 and s.abs().max() <= 1
     # cos(x) for x ~ N(0,1) has mean e^-1/2 = 0.607; sin(x) mean 0, std sqrt((1-e^-2)/2) = 0.658
@@ -201,7 +208,7 @@ def test_benchmark_cos_sin_are_bounded_independent_draws(op, axes, cos_name, sin
 
 
 def test_benchmark_fp8_scales_are_clamped_randn_on_the_e4m3_grid():
-    _, x = named(OP_B, AXES_B, seed=6)
+    _, x = generic(OP_B, AXES_B, seed=6)
     values = []
     for p in "qkv":
         t = x[f"{p}_proj_scale"]
@@ -221,7 +228,7 @@ def test_benchmark_fp8_scales_are_clamped_randn_on_the_e4m3_grid():
 
 
 def test_benchmark_fp4_codes_are_randn_rounded_to_the_e2m1_grid():
-    _, x = named(OP_B, AXES_B, seed=7)
+    _, x = generic(OP_B, AXES_B, seed=7)
     codes = torch.cat([decode_fp4_codes(x[f"{p}_proj_weight_fp4"]).flatten() for p in "qkv"])
     assert codes.numel() == (64 + 32 + 32) * 64
     grid = torch.tensor([e2m1_value(c) for c in range(16)], dtype=torch.float64)
@@ -234,6 +241,38 @@ def test_benchmark_fp4_codes_are_randn_rounded_to_the_e2m1_grid():
         observed = float((values.abs() == magnitude).double().mean())
         assert observed == pytest.approx(expected, abs=0.025), magnitude
     assert 0.45 < float((values > 0).double().sum() / (values != 0).double().sum()) < 0.55
+
+
+# ------------------------------------------------------------------ op B's own generator
+def test_op_b_benchmark_cos_sin_and_activations_are_plain_randn_bf16():
+    """Quant/028 draws hidden_states, cos and sin as randn in bf16: unbounded, independent."""
+    _, x = named(OP_B, {"batch_size": 4, "seq_len": 64}, seed=5)
+    for name in ("hidden_states", "cos", "sin"):
+        t = x[name]
+        assert t.dtype == torch.bfloat16
+        t = t.double()
+        assert float(t.mean()) == pytest.approx(0.0, abs=0.05)
+        assert float(t.std()) == pytest.approx(1.0, abs=0.05)
+    assert x["cos"].double().abs().max() > 2.5 and x["sin"].double().abs().max() > 2.5
+    assert not torch.equal(x["cos"], x["sin"])
+
+
+def test_op_b_benchmark_weights_are_randn_times_0_02_through_the_benchmarks_quantizer():
+    """The weights: randn(float32) * 0.02 quantized by the activation quantizer (positive
+    e4m3 block scales, global decode amax / 2688): decoded, they are about N(0, 0.02^2)."""
+    from act_quant_independent import quantize_loops
+    from fuseval.inputs import input_generator
+    d, x = named(OP_B, AXES_B, seed=7)
+    for p in "qkv":
+        packed, scale, gd = x[f"{p}_proj_weight_fp4"], x[f"{p}_proj_scale"], x[f"{p}_proj_global_decode_scale"]
+        assert scale.dtype == torch.float8_e4m3fn and (scale.float() >= 0).all()
+        w = torch.randn(packed.shape[0], 2 * packed.shape[1], generator=input_generator(7, f"{p}_proj_weight_fp4"),
+                        dtype=torch.float32) * 0.02
+        codes, sbits, want_gd = quantize_loops(w)
+        assert gd == float(want_gd) and gd == pytest.approx(float(w.abs().max()) / 2688, rel=1e-6)
+        assert torch.equal(scale.view(torch.uint8), torch.from_numpy(sbits))
+        assert torch.equal(decode_fp4_codes(packed), torch.from_numpy(codes).long())
+    assert x["rms_norm_eps"] == 1e-6
 
 
 def test_benchmark_global_decode_scales_are_positive():

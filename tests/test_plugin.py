@@ -111,7 +111,7 @@ def test_warning_of_a_thin_margin_surfaces_as_a_pytest_warning(kernel_repo):
         def thin(*a):
             q, k, v = torch_eager(*a)
             q = q.clone()
-            q.view(-1)[::33] += 0.25
+            q.view(-1)[::150] += 0.25
             return q, k, v
     ''')
     result = _run(kernel_repo, f"--fuseval-gate={OP}=thin:thin", "--fuseval-components=check",

@@ -61,9 +61,9 @@ def _stale_cache_impl():
         for packed, scale, gs in ((qw, qs, qg), (kw, ks, kg), (vw, vs, vg)):
             key = id(packed)
             if key not in cache:
-                cache[key] = (packed, ref_b.dequantize_torch(packed, scale, gs))
-            ws.append(cache[key][1])
-        return ref_b._project_norm_rope(x, cos, sin, *ws, qn, kn, float(eps))
+                cache[key] = (packed, ref_b.dequantize_torch(packed, scale, 1.0))
+            ws.append((cache[key][1], gs))
+        return ref_b._project_norm_rope(x, cos, sin, ws, qn, kn, float(eps))
     return impl
 
 
@@ -118,12 +118,17 @@ def test_reproduce_command_for_adversarial_custom_config(capsys):
 
 
 def test_tight_bound_catches_what_the_rule_lets_through():
-    """op B's benchmark v outputs are ~4e-3, under the rule's atol: RoPE wrongly applied to
-    v passes the rule there but not the tight normwise bound."""
+    """op B's rule allows 2% relative error per element: value_states scaled by 1.018 passes
+    it on a benchmark draw, but not the tight normwise bound (2^-6 relative L2)."""
+    from fuseval.refimpl import nvfp4_qkv_rope as ref_b
+
+    def v_scaled(*inputs):
+        q, k, v = ref_b.reference_fp32(*inputs)
+        return q, k, (v.float() * 1.018).to(torch.bfloat16)
     ex = S.explicit_examples(OP_B)[0]
-    verdict, messages, _ = evaluate(ex, mutants.get(OP_B, "rope_applied_to_v"))
+    verdict, messages, _ = evaluate(ex, v_scaled)
     assert verdict == "tight_bound", messages
-    assert evaluate(ex, mutants.get(OP_B, "rope_applied_to_v"), tight=False)[0] is None
+    assert evaluate(ex, v_scaled, tight=False)[0] is None
     assert tight_bound(OP_A) == 2 * 2.0 ** -10 and tight_bound(OP_B, "fp32") == 4 * 2.0 ** -24
     with pytest.raises(ValueError, match="precision"):
         tight_bound(OP_A, "int8")

@@ -120,12 +120,20 @@ def test_non_tensor_input():
     raises_naming(d, x, "'cos'", "Tensor", "list")
 
 
-def test_kv_seq_len_differs_from_seq_len_names_both_values():
+def test_kv_seq_len_below_seq_len_names_both_values():
+    d = load(OP_A, "small")
+    x = generate_inputs(d, AXES_A, seed=0)
+    other = generate_inputs(d, {"batch_size": 2, "seq_len": 4, "kv_seq_len": 4}, seed=0)
+    x[9], x[10] = other[9], other[10]            # rope tables for 4 positions, tokens for 6
+    raises_naming(d, x, "kv_seq_len=4", "seq_len=6")
+
+
+def test_rope_tables_longer_than_the_tokens_bind():
     d = load(OP_A, "small")
     x = generate_inputs(d, AXES_A, seed=0)
     other = generate_inputs(d, {"batch_size": 2, "seq_len": 9, "kv_seq_len": 9}, seed=0)
     x[9], x[10] = other[9], other[10]            # rope tables for 9 positions, tokens for 6
-    raises_naming(d, x, "kv_seq_len=9", "seq_len=6")
+    assert bind_axes(d, x)["kv_seq_len"] == 9
 
 
 @pytest.mark.parametrize("name, width", [("q_proj_weight_fp4", 31), ("k_proj_weight_fp4", 64),

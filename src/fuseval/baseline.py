@@ -248,6 +248,7 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
         "torch_version": torch.__version__,
         "created": utc_timestamp(),
         "op": defn.name,
+        "variant": defn.variant,
         "impl": impl_label(impl),
         "config": defn.config,
         "device": dev.type,
@@ -509,6 +510,9 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], *, factor: 
         raise ValueError(f"k and slowdown must be >= 0, got k={k}, slowdown={slowdown}")
     validate(baseline, source="baseline")
     validate(current, source="current measurement")
+    if baseline.get("variant", "sol") != current.get("variant", "sol"):
+        raise ValueError(f"the baseline is of variant {baseline.get('variant', 'sol')!r}, the current "
+                         f"measurement of variant {current.get('variant', 'sol')!r}: they are different functions")
     if baseline["op"] != current["op"]:
         raise FusevalError(f"the baseline is for operator {baseline['op']!r} but the current measurement is "
                            f"for {current['op']!r}", EXIT_BAD_FILE)

@@ -58,6 +58,24 @@ def _value_error_exit_code(exc: Exception) -> int | None:
     return None
 
 
+def _variant_scope(args):
+    """The command's ``--variant`` in force for every operator it names (``--op all``: each
+    operator must have that variant)."""
+    import contextlib
+    from .definitions import DEFAULT_VARIANT, list_operators, load, variant_scope
+    variant = getattr(args, "variant", None)
+    if variant in (None, DEFAULT_VARIANT):
+        return contextlib.nullcontext()
+    op = getattr(args, "op", None)
+    names = list_operators() if op in (None, "all") else [n.strip() for n in op.split(",")]
+    for name in names:
+        defn = load(name)
+        if variant not in defn.variants:
+            raise FusevalError(f"--variant {variant!r}: operator {name!r} has no such variant; "
+                               f"expected one of {', '.join(defn.variant_names)}", EXIT_USAGE)
+    return variant_scope({name: variant for name in names})
+
+
 def main(argv=None) -> int:
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
@@ -65,7 +83,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return int(handlers[args.command](args) or 0)
+        with _variant_scope(args):
+            return int(handlers[args.command](args) or 0)
     except FusevalError as exc:
         print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code

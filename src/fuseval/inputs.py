@@ -31,7 +31,8 @@ import torch
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
-__all__ = ["generate_inputs", "TORCH_DTYPES", "input_generator", "positions_to_cos_sin"]
+__all__ = ["generate_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "input_generator",
+           "positions_to_cos_sin"]
 
 # dtype names of the definitions -> the torch storage dtype implementations receive
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -138,6 +139,19 @@ def _scalar(spec: TensorSpec, g: torch.Generator) -> float:
     return float(x)
 
 
+def generic_benchmark_inputs(defn: Definition, axes: Mapping[str, int], seed: int) -> dict[str, Any]:
+    """Inputs by name under SOL-ExecBench's generic rules (the module docstring), one
+    generator per input; ``axes``: the full binding."""
+    values: dict[str, Any] = {}
+    for spec in defn.inputs:
+        g = input_generator(seed, spec.name)
+        if spec.is_scalar:
+            values[spec.name] = _scalar(spec, g)
+        else:
+            values[spec.name] = _benchmark_tensor(spec, defn.shape_of(spec, axes), g)
+    return values
+
+
 def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
                     mode: str = "benchmark", device: str | torch.device = "cpu") -> list[Any]:
     """Inputs in definition order for one binding of the var axes.
@@ -154,13 +168,7 @@ def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int 
     elif mode == "realistic":
         values = default_realistic_inputs(defn, axes, seed)
     else:
-        values = {}
-        for spec in defn.inputs:
-            g = input_generator(seed, spec.name)
-            if spec.is_scalar:
-                values[spec.name] = _scalar(spec, g)
-            else:
-                values[spec.name] = _benchmark_tensor(spec, defn.shape_of(spec, axes), g)
+        values = generic_benchmark_inputs(defn, axes, seed)
     result = []
     for spec in defn.inputs:
         v = values[spec.name]

@@ -12,7 +12,7 @@ __all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fm
 
 def console(stream: TextIO | None = None):
     from rich.console import Console
-    return Console(file=stream or sys.stdout, width=140, soft_wrap=False)
+    return Console(file=stream or sys.stdout, width=200, soft_wrap=False)
 
 
 def fmt_err(x: float) -> str:
@@ -37,28 +37,63 @@ def case_progress(stream: TextIO = sys.stderr):
     return report
 
 
-def print_check_report(report, stream: TextIO | None = None) -> None:
-    from rich.table import Table
-    t = report.tolerance
-    rule = f"|out-ref| <= {t['atol']} + {t['rtol']}*|ref|, matched >= {t['min_matched_ratio']:.0%}"
+def tolerance_rule(t: dict, atols: list[float] | None = None) -> str:
+    """A tolerance as one line; ``atols``: the cases' own atol values when they differ."""
+    lo, hi = (min(atols), max(atols)) if atols else (t["atol"], t["atol"])
+    atol = f"{lo}" if lo == hi else f"atol per case ({lo}-{hi})"
+    rule = f"|out-ref| <= {atol} + {t['rtol']}*|ref|, matched >= {t['min_matched_ratio']:.0%}"
     if t.get("max_abs_error") is not None:
         rule += f", max abs <= {t['max_abs_error']}"
-    table = Table(title=f"{report.op} [{report.config}] impl={report.impl} device={report.device} "
-                        f"seed={report.seed} mode={report.mode}\n{rule}")
-    for col in ("case", "axes", "output", "max abs", "rel L2", "matched", "verdict"):
-        table.add_column(col, justify="right" if col not in ("axes", "output", "verdict") else "left")
+    return rule
+
+
+def print_check_report(report, stream: TextIO | None = None) -> None:
+    from rich.table import Table
+    from .definitions import load
+    t = report.tolerance
+    rule = tolerance_rule(t, [c.tolerance["atol"] for c in report.cases if c.tolerance])
+    note = load(report.op).raw.get("tolerance", {}).get("note", "")
+    if "required_match_ratio" in note:
+        rule += " (the benchmark's workload file says 0.98 under a key its evaluator ignores: 0.99 applies)"
+    against = "float64 oracle" if report.against == "reference" else report.against
+    predicting = any(c.predicted is not None for c in report.cases)
+    table = Table(title=f"{report.op} [{report.config}] variant={report.variant} impl={report.impl} "
+                        f"device={report.device} seed={report.seed} mode={report.mode}\n"
+                        f"against {against}, {report.rules} rules: {rule}"
+                        + ("\npredicted benchmark verdict: against sol_reference, sol rules" if predicting else ""))
+    cols = ["case", "axes", "output", "max abs", "rel L2", "matched", "margin", "verdict"]
+    if predicting:
+        cols += ["bench matched", "bench margin", "bench verdict"]
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("axes", "output", "verdict", "bench verdict") else "right",
+                         no_wrap=col in ("axes", "output"))
     for c in report.cases:
         axes = axes_label(c.axes)
         verdict = "[green]pass[/]" if c.passed else "[red]FAIL[/] " + ",".join(c.violations)
+        ratio = c.tolerance.get("min_matched_ratio", t["min_matched_ratio"]) if c.tolerance else t["min_matched_ratio"]
+        pred = c.predicted
         if not c.outputs:
-            table.add_row(str(c.case), axes, "-", "-", "-", "-", verdict)
+            table.add_row(str(c.case), axes, "-", "-", "-", "-", "-", verdict, *(["-"] * 3 if predicting else []))
         for i, m in enumerate(c.outputs):
-            table.add_row(str(c.case) if i == 0 else "", axes if i == 0 else "", m.name, fmt_err(m.max_abs),
-                          fmt_err(m.rel_l2), f"{m.matched_ratio:.4%}", verdict if i == 0 else "")
+            row = [str(c.case) if i == 0 else "", axes if i == 0 else "", m.name, fmt_err(m.max_abs),
+                   fmt_err(m.rel_l2), f"{m.matched_ratio:.4%}", f"{m.matched_ratio - ratio:+.4%}",
+                   verdict if i == 0 else ""]
+            if predicting:
+                if pred is None or i >= len(pred.outputs):
+                    row += ["-", "-", ""]
+                else:
+                    pm = pred.outputs[i]
+                    pv = "[green]pass[/]" if pred.passed else "[red]FAIL[/] " + ",".join(pred.violations)
+                    row += [f"{pm.matched_ratio:.4%}", f"{pm.matched_ratio - ratio:+.4%}", pv if i == 0 else ""]
+            table.add_row(*row)
     out = console(stream)
     out.print(table)
     for c in report.cases:
         for msg in c.messages:
             out.print(f"case {c.case}: {msg}", markup=False, highlight=False)
     n_pass = sum(c.passed for c in report.cases)
-    out.print(f"{report.op}: {n_pass}/{len(report.cases)} cases passed", markup=False, highlight=False)
+    line = f"{report.op}: {n_pass}/{len(report.cases)} cases passed"
+    if predicting:
+        n_pred = sum(bool(c.predicted and c.predicted.passed) for c in report.cases)
+        line += f"; the benchmark would pass {n_pred}/{len(report.cases)} (predicted)"
+    out.print(line, markup=False, highlight=False)

@@ -19,6 +19,14 @@ def add_common_arguments(p, *, impl_default: str | None = "torch", config_defaul
     p.add_argument("--seed", type=int, default=0, help="input seed; case i uses seed + i (default: %(default)s)")
     p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
                    help="input distribution (default: %(default)s)")
+    add_variant_argument(p)
+
+
+def add_variant_argument(p) -> None:
+    p.add_argument("--variant", default=None,
+                   help="a named semantic variant of the operator, e.g. hf_mrope (op A with HF "
+                        "Qwen2-VL's mRoPE layout) or w4a16 (op B with bf16 activations); default: "
+                        "the benchmark's semantics ('sol'). `fuseval list --op NAME` lists them")
 
 
 def parse_config(value: str):

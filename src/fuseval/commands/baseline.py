@@ -13,6 +13,9 @@ import json
 import sys
 
 
+from . import add_variant_argument
+
+
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = sub.add_parser("save", help="measure an implementation and write baseline file(s)",
@@ -24,6 +27,7 @@ def add_arguments(p) -> None:
     s.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
     s.add_argument("--seeds", type=int, default=3, help="number of seeds, >= 3 (default: %(default)s)")
     s.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"])
+    add_variant_argument(s)
     s.add_argument("--no-stages", action="store_true", help="leave out the budget's per-stage metrics")
     s.add_argument("--no-latency", action="store_true", help="leave out latencies (measured on CUDA only)")
     s.add_argument("--out", default="baselines",
@@ -76,6 +80,7 @@ def _save(args) -> int:
 
 def _compare(args) -> int:
     from .. import baseline
+    from ..definitions import DEFAULT_VARIANT, variant_scope
     from ..errors import EXIT_REGRESSION, FusevalError
     if args.current and len(args.current) != len(args.baseline):
         raise FusevalError(f"--current needs one file per --baseline file ({len(args.baseline)}), "
@@ -88,13 +93,14 @@ def _compare(args) -> int:
         if args.current:
             current = baseline.load(args.current[i])
         else:
-            current = baseline.collect(
-                base["op"], args.impl or base["impl"], config=base["config"],
-                cases=[int(k) for k in base["cases"]], device=args.device or base["device"],
-                seeds=base["seeds"], mode=base["mode"],
-                # per-stage metrics only when the baseline has them (and the budget is there)
-                stages=None if "budget" in base.get("sources", []) else False,
-                latency=None, progress=_progress)
+            with variant_scope({base["op"]: base.get("variant", DEFAULT_VARIANT)}):
+                current = baseline.collect(
+                    base["op"], args.impl or base["impl"], config=base["config"],
+                    cases=[int(k) for k in base["cases"]], device=args.device or base["device"],
+                    seeds=base["seeds"], mode=base["mode"],
+                    # per-stage metrics only when the baseline has them (and the budget is there)
+                    stages=None if "budget" in base.get("sources", []) else False,
+                    latency=None, progress=_progress)
             if args.save_current:
                 baseline.save(current, args.save_current if len(args.baseline) == 1 else
                               baseline.default_path(base["op"], base["config"], current["device"], args.save_current))

@@ -15,6 +15,14 @@ def add_arguments(p) -> None:
     p.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
     p.add_argument("--no-hygiene", action="store_true",
                    help="skip the mutation / aliasing / caching checks (one impl call per case)")
+    p.add_argument("--against", default="reference",
+                   help="what the outputs are compared with: 'reference' (the float64 oracle, default) or "
+                        "'sol_reference' (the benchmark's reference in its own precision)")
+    p.add_argument("--rules", default="fuseval", choices=["fuseval", "sol"],
+                   help="fuseval's rules (default) or the benchmark evaluator's ('sol': float32 comparison, "
+                        "any NaN/Inf on either side fails)")
+    p.add_argument("--no-predict", action="store_true",
+                   help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
 
 
 def run(args) -> int:
@@ -24,7 +32,8 @@ def run(args) -> int:
 
     report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                    seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
-                   progress=case_progress(sys.stderr))
+                   progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
+                   predict=not args.no_predict)
     print_check_report(report)
     if args.json:
         with open(args.json, "w") as f:

@@ -5,7 +5,11 @@ import json
 import os
 
 
+from . import add_variant_argument
+
+
 def add_arguments(p) -> None:
+    add_variant_argument(p)
     p.add_argument("--op", required=True, help="operator name")
     p.add_argument("--config", default="seed", help="configuration (default: %(default)s)")
     p.add_argument("--out", default="export", help="output folder (default: %(default)s)")

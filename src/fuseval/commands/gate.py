@@ -12,7 +12,11 @@ from __future__ import annotations
 import sys
 
 
+from . import add_variant_argument
+
+
 def add_arguments(p) -> None:
+    add_variant_argument(p)
     from ..definitions import list_operators
     from ..gate import COMPONENTS, PROFILES
     p.add_argument("--op", required=True,

@@ -13,6 +13,8 @@ Adding an operator means adding a JSON file here and the module it names.
 from __future__ import annotations
 
 import ast
+import contextlib
+import contextvars
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -24,7 +26,7 @@ from ..errors import UnknownOperatorError
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
     "load", "list_operators", "evaluate_expression", "axes_label", "DEFAULT_VARIANT",
-    "tolerance_json",
+    "tolerance_json", "variant_scope",
 ]
 
 
@@ -386,9 +388,30 @@ def _parse(raw: Mapping[str, Any]) -> Definition:
     )
 
 
+# {operator name: variant} in force for ``load`` calls that name no variant (see variant_scope)
+_VARIANT_SCOPE: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "fuseval_variant_scope", default={})
+
+
+@contextlib.contextmanager
+def variant_scope(variants: Mapping[str, str]):
+    """Within the block, ``load(name)`` gives operator ``name`` under ``variants[name]``.
+
+    This is the one switch a command sets (``--variant``) so that every component it runs
+    (check, gate, budget, bench, export, the properties) loads the same semantics."""
+    for op, variant in variants.items():
+        load(op).with_variant(variant)          # unknown operator or variant: fail here
+    token = _VARIANT_SCOPE.set({**_VARIANT_SCOPE.get(), **variants})
+    try:
+        yield
+    finally:
+        _VARIANT_SCOPE.reset(token)
+
+
 def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
     """Load an operator definition, optionally with a named or custom configuration and a
-    named semantic variant (None: the benchmark's semantics, or the given definition's)."""
+    named semantic variant (None: the one ``variant_scope`` sets, else the benchmark's
+    semantics; a given Definition keeps its own)."""
     if isinstance(name, Definition):
         d = name if config == "seed" and name.config == "seed" else name.with_config(config)
         return d if variant is None else d.with_variant(variant)
@@ -400,4 +423,5 @@ def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | Non
         _CACHE[name] = _parse(json.loads(text))
     d = _CACHE[name]
     d = d if config == "seed" else d.with_config(config)
+    variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
     return d if variant is None else d.with_variant(variant)

@@ -146,7 +146,8 @@ def _stage_bounds_a(inputs: Sequence[Any], taps: Mapping[str, torch.Tensor], loc
     split = [hq * d, hkv * d, hkv * d]
     q, k, v = torch.split(y, split, dim=-1)
     e_q, e_k, e_v = torch.split(e_y, split, dim=-1)
-    c, s = st.mrope_select(rcos)[:, None], st.mrope_select(rsin)[:, None]     # the select is exact
+    n = x.shape[1]                                              # tokens (<= rope table rows)
+    c, s = st.mrope_select(rcos, n)[:, None], st.mrope_select(rsin, n)[:, None]   # the select is exact
     out["mrope"] = torch.cat([_merge(_rope_bound(_heads(q, d), _heads(e_q, d), c, s)),
                               _merge(_rope_bound(_heads(k, d), _heads(e_k, d), c, s))], dim=-1)
     rot = taps["mrope"]
@@ -193,7 +194,11 @@ def _stage_bounds_b(inputs: Sequence[Any], taps: Mapping[str, torch.Tensor], loc
 
     w = clean(taps["dequant"])
     out["dequant"] = U32 * w.abs()                     # the exact product rounded once
-    x64 = x.to(torch.float64)
+    if "act_quant" in taps:          # W4A4: x_hat is exact up to its rounding to float32
+        x64 = clean(taps["act_quant"])
+        out["act_quant"] = U32 * x64.abs()
+    else:                            # the w4a16 variant: the bf16 activations as given
+        x64 = x.to(torch.float64)
     e_w = inp("dequant", out["dequant"])
     out["proj"] = x64.abs() @ e_w.t() + gamma(hidden) * _abs_mm(x64, w)
     y = clean(taps["proj"])

@@ -64,16 +64,20 @@ def _namespace(module, **replace) -> SimpleNamespace:
 
 def _make(op: str, name: str, stage: str, description: str, *, stages=None, codec=None,
           transform: Callable[[dict], None] | None = None,
-          rewrite: Callable[[dict, dict], torch.Tensor] | None = None) -> Mutant:
+          rewrite: Callable[[dict, dict], torch.Tensor] | None = None,
+          semantics: Mapping[str, Any] | None = None) -> Mutant:
     """Build a mutant from the reference: ``stages`` / ``codec`` namespaces with one broken
-    function, ``transform(values)`` editing the named inputs in place, or
-    ``rewrite(taps, values) -> tensor`` replacing the output of ``stage``."""
+    function, ``transform(values)`` editing the named inputs in place,
+    ``rewrite(taps, values) -> tensor`` replacing the output of ``stage``, or
+    ``semantics``: keyword arguments of the reference that select another operator's
+    semantics (e.g. the HF mRoPE layout), which is a bug against the benchmark's."""
     defn = load(op)
     if stage not in defn.stage_names:
         raise ValueError(f"mutant {name}: unknown stage {stage!r} of {op} ({defn.stage_names})")
     ref = resolve_impl(defn, "reference")
     out_dtypes = [TORCH_DTYPES[spec.dtype] for spec in defn.outputs]
-    kwargs: dict[str, Any] = {"dtype": torch.float32, "validate": False, "stages": stages or _st}
+    kwargs: dict[str, Any] = {"dtype": torch.float32, "validate": False, "stages": stages or _st,
+                              **(semantics or {})}
     if op == OP_B:
         kwargs["codec"] = codec or _nvfp4
     elif codec is not None:
@@ -120,13 +124,30 @@ def _rope_interleaved(t, cos, sin):
     return t * cos + rot * sin
 
 
-def _mrope_select_with(axis_of_chunk: Callable[[int], int], section=None):
-    def select(table: torch.Tensor) -> torch.Tensor:
-        n_axes, _, _, d = table.shape
-        sec = section(d) if section else _st.mrope_section(d)
-        chunks = torch.split(table, sec * 2, dim=-1)
+def _mrope_select_with(axis_of_chunk: Callable[[int], int], widths=None, rows: str = "first"):
+    """mrope_select with one change: chunk i takes position axis ``axis_of_chunk(i)``,
+    the chunk widths ``widths(d, layout)``, or the *last* seq_len rows of the tables."""
+    def select(table: torch.Tensor, seq_len: int | None = None, layout: str = "sol") -> torch.Tensor:
+        n_axes, _, n_rows, d = table.shape
+        seq_len = n_rows if seq_len is None else seq_len
+        table = table[:, :, :seq_len] if rows == "first" else table[:, :, n_rows - seq_len:]
+        w = widths(d, layout) if widths else [width for _, width in _st.mrope_chunks(d, layout)]
+        chunks = torch.split(table, w, dim=-1)
         return torch.cat([chunk[axis_of_chunk(i) % n_axes] for i, chunk in enumerate(chunks)], dim=-1)
     return select
+
+
+def _identity_quantizer(x: torch.Tensor) -> "_nvfp4.ActivationQuant":
+    """The activations used as they are (weight-only NVFP4), dressed as a quantizer output."""
+    class Unquantized(_nvfp4.ActivationQuant):
+        def dequantize(self, dtype=torch.float64):
+            return x.to(dtype)
+    aq = _nvfp4.quantize_activations(x)
+    return Unquantized(aq.codes, aq.scales, aq.global_decode, aq.global_encode)
+
+
+def _quantizer_per_token_amax(x: torch.Tensor) -> "_nvfp4.ActivationQuant":
+    return _nvfp4.quantize_activations(x, amax_over="token")
 
 
 def _attention_with(*, future: int = 0, head_map: str = "div", scale_power: float = 0.5):
@@ -341,8 +362,15 @@ def _catalogue_a() -> list[Mutant]:
               "every batch item rotated with batch item 0's cos/sin tables",
               transform=_first_batch_item("rope_cos", "rope_sin", axis=1)),
         _make(op, "mrope_section_reversed", "mrope",
-              "mRoPE section (3D/16, 3D/16, D/8) instead of (D/8, 3D/16, 3D/16)",
-              stages=S(mrope_select=_mrope_select_with(lambda i: i, section=lambda d: _st.mrope_section(d)[::-1]))),
+              "mRoPE chunks (3D/8, 3D/8, D/4) instead of (D/4, 3D/8, 3D/8)",
+              stages=S(mrope_select=_mrope_select_with(
+                  lambda i: i, widths=lambda d, layout: [w for _, w in _st.mrope_chunks(d, layout)][::-1]))),
+        _make(op, "mrope_hf_layout", "mrope",
+              "HF Qwen2-VL's mRoPE layout (16, 24, 24) x2 over axes t,h,w,t,h,w instead of the "
+              "benchmark's contiguous (32, 48, 48)", semantics={"mrope_layout": "hf"}),
+        _make(op, "mrope_last_rows", "mrope",
+              "the last seq_len rows of longer rope tables instead of the first (only visible when "
+              "kv_seq_len > seq_len)", stages=S(mrope_select=_mrope_select_with(lambda i: i, rows="last"))),
         _make(op, "causal_mask_off_by_one", "attention",
               "causal mask lets query s see key s + 1",
               stages=S(causal_gqa_attention=_attention_with(future=1))),
@@ -373,6 +401,12 @@ def _catalogue_b() -> list[Mutant]:
     S = lambda **kw: _namespace(_st, **kw)
     C = lambda **kw: _namespace(_nvfp4, dequantize_nvfp4=_dequant_with(**kw))
     return [
+        _make(op, "activations_not_quantized", "act_quant",
+              "the bf16 activations multiply the weights as they are (weight-only W4A16) instead of "
+              "their NVFP4 quantization", codec=_namespace(_nvfp4, quantize_activations=_identity_quantizer)),
+        _make(op, "act_amax_per_token", "act_quant",
+              "the activation quantizer takes one global amax per token instead of one per tensor",
+              codec=_namespace(_nvfp4, quantize_activations=_quantizer_per_token_amax)),
         _make(op, "nibble_order_swapped", "dequant", "the high nibble is taken as the even column",
               codec=C(unpack=_unpack_high_first)),
         _make(op, "scale_block_off_by_one", "dequant",

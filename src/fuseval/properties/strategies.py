@@ -139,7 +139,9 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
             consts["intermediate_size"] = draw(st.sampled_from(sp.intermediate_sizes))
     batch = draw(st.integers(*sp.batch))
     seq = draw(st.integers(*sp.seq_len))
-    return Binding.make(op, consts, _var(op, {"batch_size": batch, "seq_len": seq}))
+    # op A: rope tables longer than the tokens too (kv_seq_len > seq_len; first rows used)
+    extra = draw(st.sampled_from([0, 0, 1, 3])) if op == OP_A else 0
+    return Binding.make(op, consts, _var(op, {"batch_size": batch, "seq_len": seq}, extra))
 
 
 # --------------------------------------------------------------------------- recipes
@@ -303,7 +305,7 @@ def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
                   num_rope_dims=3)
         c2 = dict(hidden_size=72, num_heads=7, num_kv_heads=1, head_dim=32, intermediate_size=80,
                   num_rope_dims=3)
-        bindings = [Binding.make(op, c1, _var(op, {"batch_size": 2, "seq_len": 6})),
+        bindings = [Binding.make(op, c1, _var(op, {"batch_size": 2, "seq_len": 6}, extra=3)),
                     Binding.make(op, c2, _var(op, {"batch_size": 1, "seq_len": 9}))]
     else:
         c1 = dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
@@ -322,12 +324,12 @@ def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
     return out
 
 
-def _var(op: str, v: Mapping[str, int]) -> dict[str, int]:
-    """The var axes of a binding: op A's kv_seq_len follows seq_len (the definition's
-    constraint kv_seq_len == seq_len)."""
+def _var(op: str, v: Mapping[str, int], extra: int = 0) -> dict[str, int]:
+    """The var axes of a binding: op A's kv_seq_len is seq_len + ``extra`` (the rope tables
+    may be longer than the tokens: the definition's constraint kv_seq_len >= seq_len)."""
     v = dict(v)
     if op == OP_A:
-        v["kv_seq_len"] = v["seq_len"]
+        v["kv_seq_len"] = v["seq_len"] + extra
     return v
 
 
@@ -349,12 +351,13 @@ def _gen(seed: int, what: str) -> torch.Generator:
 
 # magnitudes as powers of two (exact in every float format, so scaling moves no bits).
 # op A: "tiny" puts mean(x^2) ~ 6e-8 well below eps = 1e-6, so the norm is eps-dominated;
-# "huge" 4096 is harmless to fp32. op B: "tiny" is relative to what the NVFP4 weights make
-# of x (q ~ 1e-4, mean(q^2) << eps), "huge" 256 is what bf16 v outputs can carry once the
-# v global scale is adapted (see module docstring).
+# "huge" 4096 is harmless to fp32. op B: "tiny" is relative to what the benchmark's NVFP4
+# weights (randn * 0.02) make of x: 2^-10 gives q ~ 1e-4 at the small configs, so
+# mean(q^2) << eps and v sits far under atol; "huge" 256 is what bf16 v outputs can carry
+# once the v global scale is adapted (see module docstring).
 _MAGNITUDES = {
     "qwen2vl_decoder_layer": {"tiny": -12, "huge": 12, "mixed": (-20, -10, 0, 6, 12)},
-    "nvfp4_qkv_rope": {"tiny": -6, "huge": 8, "mixed": (-12, -6, 0, 4, 8)},
+    "nvfp4_qkv_rope": {"tiny": -10, "huge": 8, "mixed": (-12, -6, 0, 4, 8)},
 }
 
 

@@ -511,7 +511,11 @@ def quantize_activations(x: torch.Tensor, *, amax_over: str = "tensor") -> Activ
     2. ``global_encode = 2688 / amax`` clamped to the float32 max, 1.0 if it is 0;
        ``global_decode = 1 / global_encode``;
     3. per block of 16: ``s = (block_amax / 6) * global_encode`` clamped to
-       [-448, 448] and rounded to e4m3fn (nearest even);
+       [-448, 448] and rounded to e4m3fn (nearest even). The division by 6 is computed
+       as the benchmark computes it on the GPU, where it runs: torch's CUDA kernel divides
+       a tensor by a Python number by multiplying with the float32 reciprocal, so
+       ``block_amax * fl32(1/6)`` (on the CPU torch divides exactly; the two differ in
+       about one block scale per million);
     4. ``encode = 1 / (e4m3(s) * global_decode)`` clamped to the float32 max;
     5. ``y = x * encode`` clamped to [-6, 6]; the magnitude code counts the
        thresholds of ``E2M1_THRESHOLDS`` that ``|y|`` passes, and ``y < 0`` sets
@@ -544,7 +548,7 @@ def quantize_activations(x: torch.Tensor, *, amax_over: str = "tensor") -> Activ
     # 3. block scales: two float32 roundings, then one to e4m3
     blocks = xf.reshape(*xf.shape[:-1], xf.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     block_amax = blocks.abs().amax(dim=-1)
-    s = (block_amax / _f32(E2M1_MAX, dev)) * global_encode
+    s = (block_amax * _f32(1.0 / E2M1_MAX, dev)) * global_encode
     s = torch.clamp(s, -E4M3_MAX, E4M3_MAX)
     scale_bits = encode_e4m3fn(s, saturate=True)
     s_dec = decode_e4m3fn(scale_bits, dtype=torch.float32)

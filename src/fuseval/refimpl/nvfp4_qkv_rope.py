@@ -157,11 +157,14 @@ def _quantize_activations_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     (e2m1(code) * e4m3(scale) in bf16 [..., K] (exact), global_decode 0-d float32)."""
     xf = x.float()
     f32_max = torch.finfo(torch.float32).max
-    global_encode = torch.clamp(2688.0 / xf.abs().max(), max=f32_max)
+    # torch.div, not `2688.0 / t`: torch computes a Python number over a tensor as
+    # t.reciprocal() * 2688, two roundings that flip about a quarter of the global scales
+    global_encode = torch.clamp(torch.div(2688.0, xf.abs().max()), max=f32_max)
     global_encode = torch.where(global_encode == 0, torch.ones_like(global_encode), global_encode)
     global_decode = 1.0 / global_encode
     blocks = xf.unflatten(-1, (-1, 16))
-    scale = torch.clamp(blocks.abs().amax(-1) / 6.0 * global_encode, -448.0, 448.0)
+    # times fl32(1/6), as torch divides by a number on the GPU (the benchmark's quantizer)
+    scale = torch.clamp(blocks.abs().amax(-1) * (1.0 / 6.0) * global_encode, -448.0, 448.0)
     scale = scale.to(torch.float8_e4m3fn).float()
     encode = torch.clamp(1.0 / (scale * global_decode), max=f32_max)
     y = torch.clamp(blocks * encode[..., None], -6.0, 6.0)
@@ -176,18 +179,20 @@ def _quantize_activations_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return (values * scale[..., None]).flatten(-2).to(torch.bfloat16), global_decode
 
 
-def _project_norm_rope(x, cos, sin, wq, wk, wv, q_norm_weight, k_norm_weight, eps, quantize=True):
-    """bf16 matmuls (fp32 accumulate) on the quantized activations (the global activation
-    scale applied to the result), q/k norm and RoPE in fp32, bf16 outputs."""
+def _project_norm_rope(x, cos, sin, weights, q_norm_weight, k_norm_weight, eps, quantize=True):
+    """bf16 matmuls (fp32 accumulate) of the quantized activations with the weights'
+    ``code * scale`` (exact in bf16), both global decode scales applied to the result in
+    fp32 (as the block-scaled GEMM does), q/k norm and RoPE in fp32, bf16 outputs.
+    ``weights``: ((bf16 code*scale [N, K], global decode scale) for q, k, v)."""
     d = cos.shape[-1]
     b, s, _ = x.shape
     if quantize:
         x, global_decode = _quantize_activations_torch(x)
     else:
         global_decode = torch.ones((), device=x.device)
-    q = (x @ wq.T).view(b, s, -1, d).float() * global_decode
-    k = (x @ wk.T).view(b, s, -1, d).float() * global_decode
-    v = ((x @ wv.T).float() * global_decode).to(torch.bfloat16).view(b, s, -1, d)
+    q, k, v = ((x @ w.T).float() * (global_decode * torch.tensor(float(g), device=x.device))
+               for w, g in weights)
+    q, k, v = q.view(b, s, -1, d), k.view(b, s, -1, d), v.to(torch.bfloat16).view(b, s, -1, d)
 
     def norm(t, w):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w.float()
@@ -205,26 +210,27 @@ def torch_eager(hidden_states, cos, sin,
                 q_norm_weight, k_norm_weight, rms_norm_eps, *, activations: str = "nvfp4"):
     """Plain torch, quantizing the activations and dequantizing the weights to bf16 on
     every call."""
-    wq = dequantize_torch(q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale)
-    wk = dequantize_torch(k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale)
-    wv = dequantize_torch(v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale)
-    return _project_norm_rope(hidden_states, cos, sin, wq, wk, wv, q_norm_weight, k_norm_weight,
+    weights = [(dequantize_torch(p, sc, 1.0), g) for p, sc, g in (
+        (q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale),
+        (k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale),
+        (v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale))]
+    return _project_norm_rope(hidden_states, cos, sin, weights, q_norm_weight, k_norm_weight,
                               float(rms_norm_eps), quantize=activations == "nvfp4")
 
 
-# bf16 weights cached per (packed weight, scale, global scale), dropped when the weight
+# bf16 code*scale weights cached per (packed weight, scale), dropped when the weight
 # tensor dies; tensor version counters detect in-place changes of either tensor
 _BF16_CACHE: dict[tuple, tuple[tuple[int, int], torch.Tensor]] = {}
 
 
-def _cached_weight(packed, scale, global_scale):
-    key = (id(packed), id(scale), float(global_scale))
+def _cached_weight(packed, scale):
+    key = (id(packed), id(scale))
     versions = (packed._version, scale._version)
     entry = _BF16_CACHE.get(key)
     if entry is None or entry[0] != versions:
         if entry is None:
             weakref.finalize(packed, _BF16_CACHE.pop, key, None)
-        entry = (versions, dequantize_torch(packed, scale, global_scale))
+        entry = (versions, dequantize_torch(packed, scale, 1.0))
         _BF16_CACHE[key] = entry
     return entry[1]
 
@@ -234,13 +240,13 @@ def torch_cached_bf16(hidden_states, cos, sin,
                       k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
                       v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale,
                       q_norm_weight, k_norm_weight, rms_norm_eps, *, activations: str = "nvfp4"):
-    """Plain torch with the bf16 weights dequantized once per weight tensor and cached
+    """Plain torch with the bf16 weights (code*scale) dequantized once per weight tensor and cached
     (the "weights already dequantized" baseline of the benchmark); the activations are
     quantized on every call."""
-    wq = _cached_weight(q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale)
-    wk = _cached_weight(k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale)
-    wv = _cached_weight(v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale)
-    return _project_norm_rope(hidden_states, cos, sin, wq, wk, wv, q_norm_weight, k_norm_weight,
+    weights = [(_cached_weight(q_proj_weight_fp4, q_proj_scale), q_proj_global_decode_scale),
+               (_cached_weight(k_proj_weight_fp4, k_proj_scale), k_proj_global_decode_scale),
+               (_cached_weight(v_proj_weight_fp4, v_proj_scale), v_proj_global_decode_scale)]
+    return _project_norm_rope(hidden_states, cos, sin, weights, q_norm_weight, k_norm_weight,
                               float(rms_norm_eps), quantize=activations == "nvfp4")
 
 
@@ -261,7 +267,9 @@ def sol_reference(hidden_states, cos, sin,
     * the activations quantized by the benchmark's quantizer;
     * the block-scaled FP4 x FP4 GEMM computed exactly (float64 on the exact
       e2m1 x e4m3 operands) and rounded to bf16, as cuBLAS returns it;
-    * times the product of the two global decode scales (a float32 product), rounded to bf16;
+    * times the product of the two global decode scales (a float32 product, then rounded
+      to bf16 as torch does on the GPU for a bf16 tensor times a 0-d fp32 tensor), rounded
+      to bf16;
     * q/k RMSNorm in float32, the weight applied in float32, the result rounded to bf16;
     * RoPE in bf16: each product and the sum rounded to bf16.
     ``activations="bf16"``: the same with the bf16 activations as the GEMM's A operand."""
@@ -279,7 +287,9 @@ def sol_reference(hidden_states, cos, sin,
         ws = nvfp4.dequantize_nvfp4(packed, scale, 1.0, torch.float64)
         raw = (xs @ ws.T).to(torch.bfloat16)
         g = g_act * torch.tensor(float(global_decode), dtype=torch.float32, device=x.device)
-        return (raw.float() * g).to(torch.bfloat16)
+        # bf16 tensor times a 0-d fp32 tensor: on the GPU torch casts the scalar to bf16
+        # first (measured on an H200; the CPU would keep it in fp32), then rounds the product
+        return (raw.float() * g.to(torch.bfloat16).float()).to(torch.bfloat16)
 
     def norm(t, w):
         t32 = t.float()
