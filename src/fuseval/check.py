@@ -433,7 +433,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     fn = operator.implementation(impl)
     reference = operator.implementation(against)
     predictor = None
-    if predict and SOL_REFERENCE in defn.implementations and (against, rules) != (SOL_REFERENCE, "sol"):
+    if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
+            and (against, rules) != (SOL_REFERENCE, "sol"):
         predictor = operator.implementation(SOL_REFERENCE)
     dev = resolve_device(device)
     results = []
