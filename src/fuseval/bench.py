@@ -407,10 +407,14 @@ class BenchReport:
 
 # --------------------------------------------------------------------------- the run
 def _check_summary(result) -> dict[str, Any]:
+    pred = result.predicted
     return {"passed": result.passed, "violations": list(result.violations),
             "messages": list(result.messages), "seed": result.seed,
             "outputs": {m.name: {"max_abs": m.max_abs, "mean_abs": m.mean_abs, "rel_l2": m.rel_l2,
-                                 "matched_ratio": m.matched_ratio} for m in result.outputs}}
+                                 "matched_ratio": m.matched_ratio} for m in result.outputs},
+            "predicted": None if pred is None else {
+                "passed": pred.passed, "violations": list(pred.violations),
+                "matched_ratio": {m.name: m.matched_ratio for m in pred.outputs}}}
 
 
 def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
@@ -489,9 +493,12 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                  warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
     """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
     ``intervals`` so that the clock samples can be matched to it afterwards."""
-    from .check import run_case
+    from .check import SOL_REFERENCE, run_case
     from .clocks import wall
     from .inputs import generate_inputs
+    from .ops import resolve_impl
+    # the benchmark's predicted verdict beside the oracle's, where the operator has its reference
+    predictor = resolve_impl(defn, SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
     results: list[CaseBench] = []
     selected = defn.cases(cases)
     for n, case in enumerate(selected):
@@ -511,7 +518,7 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                 # the fast path gets the full hygiene rules; baselines only the numerics
                 result = run_case(defn, fns[name], case, seed=seed, device=device, mode=mode,
                                   reference=reference, inputs=inputs,
-                                  hygiene=hygiene and name == spec.fast)
+                                  hygiene=hygiene and name == spec.fast, predictor=predictor)
                 cb.check[name] = _check_summary(result)
         for name in spec.impls:
             fn = fns[name]
@@ -531,8 +538,10 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
         floor = f", floor {cb.floor_ms:.4f} ms" if cb.floor_ms is not None else ""
         verdict = ""
         if cb.check:
-            verdict = " | check: " + ", ".join(f"{k} {'ok' if v['passed'] else 'FAIL'}"
-                                               for k, v in cb.check.items())
+            verdict = " | check: " + ", ".join(
+                f"{k} {'ok' if v['passed'] else 'FAIL'}"
+                + ("" if v["predicted"] is None else f" (bench {'ok' if v['predicted']['passed'] else 'FAIL'})")
+                for k, v in cb.check.items())
         say(f"[{n + 1}/{len(selected)}] case {case.index} {case.label}: {times}{floor}{verdict}")
     return results
 
