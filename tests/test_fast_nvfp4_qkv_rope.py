@@ -4,10 +4,16 @@ On the CPU the kernel runs through the Triton interpreter (tests/conftest.py), o
 scaled-down configurations; the ``gpu`` tests run the seed sizes compiled. Every check
 draws fresh inputs and goes through fuseval.check (NaN-poisoned outputs on CUDA), and
 each kind of bug the issue names has a mutant of the kernel that the check must reject.
+
+``forward`` has the benchmark's W4A4 semantics (the activations quantized by the
+benchmark's float32 quantizer, ``act_quant``): the quantizer kernel is compared bit for
+bit with ``fuseval.refimpl.nvfp4.quantize_activations`` on random and adversarial
+inputs. ``forward_w4a16`` is the ``w4a16`` variant (bf16 activations as given).
 """
 from __future__ import annotations
 
 import functools
+import zlib
 
 import pytest
 import torch
@@ -17,6 +23,7 @@ from fuseval.definitions import Case, load
 from fuseval.fast import nvfp4_qkv_rope as fast
 from fuseval.inputs import generate_inputs
 from fuseval.refimpl import nvfp4_qkv_rope as ref
+from fuseval.refimpl.nvfp4 import encode_e4m3fn, quantize_activations
 
 OP = "nvfp4_qkv_rope"
 CPU = torch.device("cpu")
@@ -42,20 +49,34 @@ def test_fast_passes_the_check_on_small_cases():
 
 
 @pytest.mark.parametrize("config,axes", [("small", RAGGED), ("tiny", {"seq_len": 7, "batch_size": 5})])
-def test_fast_is_the_oracle_rounded_once_on_ragged_sizes(config, axes):
-    """Decode and products are exact and the norm/RoPE run in fp32 on the fp32 accumulator,
-    so every element is the oracle rounded to bf16 (not merely inside the 0.5% tolerance).
-    The tiny configuration (head_dim 8) pads each RoPE half to 8 tile columns."""
-    defn = load(OP, config)
+@pytest.mark.parametrize("variant", ["sol", "w4a16"])
+def test_fast_is_the_oracle_rounded_once_on_ragged_sizes(config, axes, variant):
+    """The quantizer is bit-exact, decode and products are exact and the norm/RoPE run in
+    fp32 on the fp32 accumulator, so every element is the oracle rounded to bf16 (not
+    merely inside the tolerance), for the benchmark's W4A4 semantics (forward) and the
+    w4a16 variant (forward_w4a16). The tiny configuration (head_dim 8) pads each RoPE
+    half to 8 tile columns."""
+    defn = load(OP, config).with_variant(variant)
     inputs = generate_inputs(defn, axes, seed=5)
-    outs = fast.forward(*inputs)
-    refs = ref.reference(*inputs)
+    impl, oracle = ((fast.forward, ref.reference) if variant == "sol"
+                    else (fast.forward_w4a16, ref.reference_w4a16))
+    outs = impl(*inputs)
+    refs = oracle(*inputs)
     for spec, o, r in zip(defn.outputs, outs, refs):
         assert o.dtype == torch.bfloat16 and o.shape == r.shape, spec.name
         ok = _within_rounding(o, r)
         assert bool(ok.all()), f"{spec.name}: {int((~ok).sum())} elements off by more than rounding"
-    result = run_case(defn, fast.forward, Case(0, axes), seed=8, device=CPU)
+    result = run_case(defn, impl, Case(0, axes), seed=8, device=CPU)
     assert result.passed, result.messages
+
+
+def test_w4a16_variant_passes_the_check_and_differs_from_w4a4():
+    report = check(OP, "fast", config="small", cases="0", device="cpu", seed=11, variant="w4a16")
+    assert report.passed, [c.messages for c in report.cases]
+    # the two semantics are different functions: W4A16 outputs fail the W4A4 oracle
+    defn = load(OP, "small")
+    result = run_case(defn, fast.forward_w4a16, Case(0, RAGGED), seed=13, device=CPU, hygiene=False)
+    assert not result.passed
 
 
 @pytest.mark.parametrize("config", ["16,64,4,1,h2", "32,32,4,1,a,h2", "16,64,4,1,a"])
@@ -83,13 +104,14 @@ def test_k_loop_tail_when_block_k_does_not_divide_hidden():
         assert bool(_within_rounding(o, r).all())
 
 
-def test_global_scales_may_be_zero_dim_tensors():
+@pytest.mark.parametrize("impl", [fast.forward, fast.forward_w4a16])
+def test_global_scales_may_be_zero_dim_tensors(impl):
     defn = load(OP, "small")
     inputs = generate_inputs(defn, RAGGED, seed=3)
     as_tensors = list(inputs)
     for i in (5, 8, 11):
         as_tensors[i] = torch.tensor(inputs[i], dtype=torch.float32)
-    a, b = fast.forward(*inputs), fast.forward(*as_tensors)
+    a, b = impl(*inputs), impl(*as_tensors)
     for x, y in zip(a, b):
         assert torch.equal(x, y)
 
@@ -111,11 +133,186 @@ def test_fast_is_no_less_accurate_than_the_bf16_torch_paths():
             assert m.matched_ratio >= t.matched_ratio, (baseline.__name__, m.name)
 
 
+# --------------------------------------------------------------------------- act_quant kernel
+# weight scales with a rounding in gs = fl32(g * global_decode) (3.0) and exact ones
+_GW = (0.5, 2.0 ** -14, 3.0)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Element-wise equal (floats compared as float64, NaN equal to NaN)."""
+    if a.shape != b.shape:
+        return False
+    if not a.dtype.is_floating_point:
+        return torch.equal(a, b)
+    a, b = a.double(), b.double()
+    return bool(((a == b) | (a.isnan() & b.isnan())).all())
+
+
+def _assert_quantizer_is_the_oracle(x: torch.Tensor, per_token: bool = False):
+    """The kernel's codes, block scale bits, global decode scale, xs and gs against
+    ``quantize_activations`` (the oracle's float32 quantizer), bit for bit."""
+    got = fast.act_quant(x, _GW, codes=True, per_token=per_token)
+    want = quantize_activations(x, amax_over="token" if per_token else "tensor")
+    bad = got.codes != want.codes
+    assert not bad.any(), f"{int(bad.sum())} codes differ, first at {bad.nonzero()[0].tolist()}"
+    bad = got.scales != want.scales
+    assert not bad.any(), f"{int(bad.sum())} block scales differ, first at {bad.nonzero()[0].tolist()}"
+    assert _same(got.global_decode, want.global_decode), (got.global_decode, want.global_decode)
+    gd = want.global_decode
+    if per_token:
+        # the mutant folds its row's decode scale into xs (fp32 product, then bf16)
+        xs = (want.scaled_codes(torch.float64) * gd.double()).float().to(torch.bfloat16)
+        gs = torch.tensor(_GW, dtype=torch.float32)
+    else:
+        xs = want.scaled_codes(torch.float64)
+        gs = torch.tensor(_GW, dtype=torch.float32, device=gd.device) * gd
+    assert got.xs.dtype == torch.bfloat16 and _same(got.xs, xs)
+    assert _same(got.gs.cpu(), gs.cpu()), (got.gs, gs)
+    if not per_token:
+        assert _same(got.dequantize(), want.dequantize())       # x_hat, exact in float64
+
+
+@pytest.mark.parametrize("shape,scale,per_token", [
+    ((3, 13, 64), 1.0, False), ((2, 5, 48), 1e-3, False), ((1, 7, 4096), 30.0, False),
+    ((39, 64), "mixed", False), ((3, 13, 64), 1.0, True), ((39, 64), "mixed", True)])
+def test_act_quant_kernel_is_the_oracle_bit_for_bit_on_random_inputs(shape, scale, per_token):
+    """randn activations, plain or with rows of very different magnitudes (2^-24 .. 2^24,
+    so that many blocks of the small rows get scales that underflow e4m3); the per-token
+    mutant has its own oracle (``amax_over="token"``)."""
+    g = torch.Generator().manual_seed(zlib.crc32(repr((shape, scale)).encode()))   # repeatable
+    x = torch.randn(shape, generator=g)
+    if scale == "mixed":
+        x = x * 2.0 ** torch.randint(-24, 25, shape[:-1] + (1,), generator=g).double()
+    else:
+        x = x * scale
+    _assert_quantizer_is_the_oracle(x.to(torch.bfloat16), per_token)
+
+
+def _bf16_neighbours(values) -> list[float]:
+    """Each value and its two bf16 neighbours (one ulp below and above)."""
+    b = torch.tensor(values, dtype=torch.bfloat16).view(torch.int16)
+    out = torch.stack([b - 1, b, b + 1], -1).view(torch.bfloat16).flatten()
+    return out.float().tolist()
+
+
+def _adversarial_tensors() -> dict[str, torch.Tensor]:
+    """Inputs that land on every decision of the quantizer. With the global amax 2688 the
+    global encode scale is 1 and a block of amax 6s (s an e4m3 value) gets the scale s and
+    the encode scale 1/s exactly, so its values divided by s are y exactly."""
+    thr = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0]
+    sub = 2.0 ** -9                                     # smallest e4m3 subnormal
+    blocks = [
+        # global amax: scale 448; thresholds times 448 (1/448 is inexact: off-tie rounding)
+        [2688.0] + [448 * t for t in thr] + [-448 * t for t in thr] + [1.0],
+        # scale 1: every threshold exactly, both signs, and -0.0
+        [6.0] + thr + [-t for t in thr] + [-0.0],
+        # scale 2: thresholds (times 2) one bf16 ulp either side, and a tiny negative (code 8)
+        [12.0] + _bf16_neighbours([2 * t for t in (0.25, 1.25, 2.5, 5.0)])[:12] + [-0.1, -0.5, 0.0],
+        [12.0] + _bf16_neighbours([2 * t for t in (0.75, 1.75, 3.5)]) + [-0.49, -0.51, 1e-3, -1e-3, 11.9, -12.0],
+        # e4m3 ties in the normal range: s = 1.0625 -> 1 (even), 1.1875 -> 1.25; 1.125 exact
+        [6.375] + [0.3 * i for i in range(15)],
+        [7.125] + [-0.4 * i for i in range(15)],
+        [6.75] + [0.25 * i for i in range(15)],
+        # e4m3 subnormal ties: s = 1.5, 2.5, 3.5 (x 2^-9) -> 2, 2, 4 (x 2^-9)
+        [9 * sub] + [sub * t for t in thr] + [-sub * t for t in thr] + [0.0],
+        [15 * sub] + [2.5 * sub * t for t in thr] + [-2.5 * sub * t for t in thr] + [-0.0],
+        [21 * sub] + [0.0] * 15,
+        # s = 2^-10, the tie between 0 and the smallest subnormal (-> 0), and just above it
+        [3 * sub] + [sub] * 15,
+        _bf16_neighbours([3 * sub])[2:] + [-sub] * 15,
+        # scale underflows to 0: encode = 1/0 -> fp32 max, every non-zero value saturates
+        [2.0 ** -12, -2.0 ** -13, 2.0 ** -20, -2.0 ** -30, 2.0 ** -126, -2.0 ** -133] + [0.0] * 10,
+        # a zero block (signed zeros)
+        [0.0, -0.0] * 8,
+        # y in [-0.25, 0): -0 (code 8)
+        [6.0] + _bf16_neighbours([-0.25]) + [-0.1, -1e-3, -1e-30, 0.1, 1e-30] + [-0.0] * 7,
+        # huge and tiny neighbours inside one block
+        [6.0, 1e-38, -1e-38, 1e-20, 3e-39] + [0.0] * 11,
+    ]
+    assert [len(b) for b in blocks] == [16] * len(blocks), [len(b) for b in blocks]
+    row = torch.tensor(blocks, dtype=torch.float32).flatten()
+    base = torch.stack([row, -row, row.flip(0)]).to(torch.bfloat16)
+    assert float(base.float().abs().max()) == 2688.0 and bool(torch.equal(base.float().flatten()[:16],
+                                                                          torch.tensor(blocks[0])))
+    g = torch.Generator().manual_seed(0)
+    big = torch.finfo(torch.bfloat16).max
+    out = {"thresholds": base,
+           # the amax block's scale rounds above 448 before the clamp (fl(fl(a/6) * fl(2688/a)))
+           "clamp_448": torch.tensor([[0.5234375] + [0.01 * i for i in range(31)]]).to(torch.bfloat16),
+           "zeros": torch.zeros(2, 32, dtype=torch.bfloat16),
+           "signed_zeros": -torch.zeros(2, 32, dtype=torch.bfloat16),
+           # bf16 subnormals only: encode 2688/amax overflows to the fp32 max, decode subnormal
+           "tiny": (torch.randint(-8, 9, (2, 48), generator=g) * 2.0 ** -133).to(torch.bfloat16),
+           "huge": torch.cat([torch.full((1, 16), big), torch.randn(1, 16, generator=g) * 1e38,
+                              torch.randn(1, 16, generator=g) * 1e-30], 1).to(torch.bfloat16),
+           "inf": torch.tensor([[float("inf"), 1.0, -2.0] + [0.5] * 13 + [float("-inf")] + [3.0] * 15])
+           .to(torch.bfloat16),
+           "nan": torch.tensor([[float("nan"), 1.0] + [0.5] * 30]).to(torch.bfloat16),
+           # block amaxes whose scale lands on an e4m3 tie with the exact "/ 6" but just above
+           # it with the benchmark's "* fl32(1/6)" (global amax 4.375: encode 614.4)
+           "reciprocal_sixth": torch.tensor([[4.375] + [0.1] * 15 + [2.265625] + [0.3] * 15 + [0.56640625]
+                                             + [-0.2] * 15 + [0.0177001953125] + [1e-3] * 15]).to(torch.bfloat16)}
+    assert float(out["clamp_448"].float().abs().max()) == 0.5234375
+    return out
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_act_quant_kernel_is_the_oracle_bit_for_bit_on_adversarial_inputs(per_token):
+    for name, x in _adversarial_tensors().items():
+        try:
+            _assert_quantizer_is_the_oracle(x, per_token)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from exc
+
+
+def test_adversarial_inputs_reach_the_decisions_they_are_meant_to():
+    """The adversarial set covers what it claims: every magnitude code and sign, e4m3
+    scale 448 and 0, subnormal and normal scales, a zero global decode denominator."""
+    t = _adversarial_tensors()
+    aq = quantize_activations(t["thresholds"])
+    assert set(aq.codes.unique().tolist()) == set(range(16))
+    s = aq.scales[0].reshape(-1).tolist()
+    assert s[0] == 0x7E and s[1] == 0x38 and s[2] == 0x40                 # 448, 1, 2
+    assert s[4] == 0x38 and s[5] == 0x3A and s[6] == 0x39                 # 1.0625->1, 1.1875->1.25, 1.125
+    assert s[7:13] == [2, 2, 4, 0, 1, 0]                                  # subnormal ties, 2^-10 tie
+    assert float(quantize_activations(t["tiny"]).global_decode) < torch.finfo(torch.float32).tiny
+    # "/ 6" as a product with fl32(1/6): an exact division would round these scales down
+    aq = quantize_activations(t["reciprocal_sixth"])
+    bamax = t["reciprocal_sixth"].float().reshape(-1, 16).abs().amax(-1)
+    exact = encode_e4m3fn((bamax / torch.tensor(6.0)) * aq.global_encode)
+    assert (exact != aq.scales.reshape(-1))[1:].all()
+
+
+def test_act_quant_launcher_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        fast.act_quant(torch.zeros(2, 24))
+    with pytest.raises(ValueError, match="floating-point"):
+        fast.act_quant(torch.zeros(2, 32, dtype=torch.int32))
+
+
+def test_quantizer_mutants_are_what_they_claim():
+    """The two quantizer mutants break exactly one thing: without quantization forward is
+    the w4a16 path, and the per-token kernel is the per-token oracle (tested above), while
+    the production forward is neither."""
+    defn = load(OP, "small")
+    inputs = generate_inputs(defn, RAGGED, seed=16)
+    w4a16 = fast.forward_w4a16(*inputs)
+    weight_only = fast.forward(*inputs, _mutant=fast.MUTANTS["weight_only_activations"])
+    production = fast.forward(*inputs)
+    per_token = fast.forward(*inputs, _mutant=fast.MUTANTS["per_token_amax"])
+    for a, b, c, d in zip(w4a16, weight_only, production, per_token):
+        assert torch.equal(a, b)
+        assert not torch.equal(a, c) and not torch.equal(c, d)
+    with pytest.raises(ValueError, match="unknown mutant"):
+        fast.forward(*inputs, _mutant=99)
+
+
 # --------------------------------------------------------------------------- mutants
 @pytest.mark.parametrize("name", sorted(fast.MUTANTS))
 def test_the_check_rejects_each_mutant_of_the_kernel(name):
     """Swapped nibbles, a scale from the wrong 16-block, no global scale, the norm over the
-    wrong axis, RoPE halves swapped, [B,S,h,D] layout, kv heads shifted: each fails."""
+    wrong axis, RoPE halves swapped, [B,S,h,D] layout, kv heads shifted, activations not
+    quantized, the quantizer's amax per token: each fails against the W4A4 oracle."""
     defn = load(OP, "small")
     mutant = functools.partial(fast.forward, _mutant=fast.MUTANTS[name])
     result = run_case(defn, mutant, Case(0, RAGGED), seed=13, device=CPU, hygiene=False)
@@ -137,9 +334,13 @@ def test_staged_taps_match_the_oracle_stage_by_stage():
     taps, oracle = {}, {}
     outs = fast.forward.staged(*inputs, taps=taps)
     ref.reference(*inputs, taps=oracle)
-    assert set(taps) == set(oracle) == set(defn.stage_names)
+    assert set(taps) == set(oracle) and set(defn.stage_names) <= set(taps)
+    assert list(fast.STAGES) == defn.stage_names
     for name in oracle:
         assert taps[name].shape == oracle[name].shape, name
+    # act_quant: the quantizer bit for bit, x_hat exact
+    for name in ("act_quant", "act_quant.codes", "act_quant.scales", "act_quant.global_decode"):
+        assert taps[name].dtype == oracle[name].dtype and torch.equal(taps[name], oracle[name]), name
     # dequant: one fp32 rounding of the exact code*scale*global product (a flushed
     # subnormal nibble or a wrong scale bit would break this equality)
     assert torch.equal(taps["dequant"].double(), oracle["dequant"].float().double())
@@ -151,6 +352,22 @@ def test_staged_taps_match_the_oracle_stage_by_stage():
         assert torch.equal(a, b)
 
 
+def test_w4a16_staged_taps_match_its_oracle():
+    defn = load(OP, "small").with_variant("w4a16")
+    inputs = generate_inputs(defn, RAGGED, seed=4)
+    taps, oracle = {}, {}
+    outs = fast.forward_w4a16.staged(*inputs, taps=taps)
+    ref.reference_w4a16(*inputs, taps=oracle)
+    assert set(taps) == set(oracle) == set(defn.stage_names) == set(fast.STAGES_W4A16)
+    assert torch.equal(taps["dequant"].double(), oracle["dequant"].float().double())
+    err = (taps["proj"].double() - oracle["proj"]).abs().max() / oracle["proj"].abs().max()
+    assert err < 1e-5
+    for a, b in zip(outs, fast.forward_w4a16(*inputs)):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="unknown stage"):
+        fast.forward_w4a16.staged(*inputs, override={"act_quant": oracle["dequant"]})
+
+
 def test_staged_override_continues_from_the_given_stage():
     defn = load(OP, "small")
     inputs = generate_inputs(defn, RAGGED, seed=6)
@@ -160,6 +377,23 @@ def test_staged_override_continues_from_the_given_stage():
     outs = fast.forward.staged(*inputs, override={"proj": oracle["proj"]})
     for o, r in zip(outs, refs):
         assert bool(_within_rounding(o, r).all())
+    # the oracle's x_hat (float64 or rounded to fp32) gives back xs exactly: the outputs
+    # are the staged path's own; an x_hat of zeros zeroes v
+    taps = {}
+    own = fast.forward.staged(*inputs, taps=taps)
+    for x_hat in (oracle["act_quant"], oracle["act_quant"].float()):
+        fed = {}
+        outs = fast.forward.staged(*inputs, taps=fed, override={"act_quant": x_hat})
+        assert torch.equal(fed["act_quant"], oracle["act_quant"])
+        for o, r in zip(outs, own):
+            assert torch.equal(o, r)
+    _, _, v = fast.forward.staged(*inputs, override={"act_quant": torch.zeros_like(oracle["act_quant"])})
+    assert not v.any()
+    # dequant and act_quant both overridden: both global scales still applied once
+    outs = fast.forward.staged(*inputs, override={"act_quant": oracle["act_quant"],
+                                                  "dequant": oracle["dequant"]})
+    for o, r, s in zip(outs, refs, defn.outputs):
+        assert compare(o, r, defn.tolerance, s.name).passed
     # a dense (overridden) weight runs through the same GEMM kernel
     outs = fast.forward.staged(*inputs, override={"dequant": oracle["dequant"]})
     for o, r, s in zip(outs, refs, defn.outputs):
@@ -275,3 +509,43 @@ def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
     report = check(OP, functools.partial(fast.forward, config=cfg), config="seed", cases="0,9",
                    device="cuda", seed=5)
     assert report.passed, [c.messages for c in report.cases]
+
+
+@gpu
+@needs_cuda
+def test_gpu_w4a16_variant_passes_seed_cases():
+    report = check(OP, "fast", config="seed", cases="0,5", device="cuda", seed=31, variant="w4a16")
+    assert report.passed, [c.messages for c in report.cases]
+
+
+@gpu
+@needs_cuda
+def test_gpu_act_quant_is_bit_exact_on_the_benchmark_shapes():
+    """The compiled quantizer (fp32 divisions by div_rn, no FMA contraction, subnormals
+    kept) against the oracle's quantizer on the GPU, on the 16 benchmark cases' shapes
+    (B x S tokens of hidden 4096), on randn activations as the benchmark draws them."""
+    defn = load(OP, "seed")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in defn.cases():
+        b, s = case.axes["batch_size"], case.axes["seq_len"]
+        x = torch.randn((b, s, 4096), generator=g, device="cuda").to(torch.bfloat16)
+        try:
+            _assert_quantizer_is_the_oracle(x)
+        except AssertionError as exc:
+            raise AssertionError(f"case {case.index} (B={b}, S={s}): {exc}") from exc
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("per_token", [False, True])
+def test_gpu_act_quant_is_bit_exact_on_adversarial_inputs(per_token):
+    for name, x in _adversarial_tensors().items():
+        try:
+            _assert_quantizer_is_the_oracle(x.cuda(), per_token)
+        except AssertionError as exc:
+            raise AssertionError(f"{name}: {exc}") from exc
+    # mixed magnitudes over whole hidden rows
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn((333, 4096), generator=g, device="cuda")
+    x = x * 2.0 ** torch.randint(-40, 41, (333, 1), generator=g, device="cuda").float()
+    _assert_quantizer_is_the_oracle(x.to(torch.bfloat16), per_token)

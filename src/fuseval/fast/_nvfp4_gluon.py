@@ -20,6 +20,10 @@ round trip through shared memory in every K step. Here the layouts are ours:
 * One program = BM tokens x ``HPT`` whole heads; the epilogue applies the global scale,
   the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
 
+Activations: the x operand is whatever the caller streams, the bf16 activations (the
+``w4a16`` variant) or the quantized ones, xs = e2m1(code) * e4m3(scale) (W4A4, exact in
+bf16); in the latter case the gs pointer holds both global scales' product.
+
 Scope: head_dim 128, hidden_size a multiple of 64, sm_90, production calls. Everything
 else (the interpreter, mutants, stage taps) runs the Triton kernel; ``nvfp4_qkv_rope``
 decides. Where the time goes, and what was tried: benchmarks/notes_nvfp4_qkv_rope.md.

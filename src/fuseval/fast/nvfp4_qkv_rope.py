@@ -1,10 +1,26 @@
-"""Op B fast path: ``nvfp4_qkv_rope`` as one fused Triton kernel.
+"""Op B fast path: ``nvfp4_qkv_rope`` as an activation quantizer and one fused GEMM kernel.
 
-What the kernel computes (SPEC.md, op B), for every token m of the B*S tokens and every
-head tile (32 q heads, 8 k heads, 8 v heads at seed size, one launch for all 48):
+The benchmark's semantics are W4A4 (SPEC.md, op B, stage ``act_quant``): ``forward``
+first quantizes x with the benchmark's own float32 NVFP4 quantizer, then runs the fused
+kernel on the quantized activations. ``forward_w4a16`` (the operator's ``w4a16`` variant)
+runs the same fused kernel on the bf16 activations as given.
 
-    acc[m, :] = sum_k x[m, k] * e2m1(code[n, k]) * e4m3(scale[n, k // 16])   (fp32)
-    t         = acc * global_decode_scale                                     (fp32)
+**The quantizer** (``act_quant``: ``_amax_partials_kernel`` then ``_act_quant_kernel``, two
+launches, no host synchronisation) is bit for bit ``refimpl.nvfp4.quantize_activations``:
+a global amax, per 16-block e4m3 scales and e2m1 codes, every step one IEEE float32
+operation (divisions by ``tl.math.div_rn``, no product feeding an addition, e4m3 rounding
+in integer arithmetic). It writes xs = e2m1(code) * e4m3(scale), exact in bf16 (2 x 4
+significant bits), and gs[p] = global_decode_p(weights) * global_decode(x) (fp32, on the
+device). The fused kernel then reads xs where it read x and gs where it read the weights'
+global scales: no new operand, and the products xs * (code * scale) are exact in the
+tensor cores, so the only roundings are the fp32 accumulation, gs and the final bf16.
+
+What the fused kernel computes, for every token m of the B*S tokens and every head tile
+(32 q heads, 8 k heads, 8 v heads at seed size, one launch for all 48), with a = xs
+(W4A4) or x (W4A16) and g = gs[p] or the weights' global decode scale:
+
+    acc[m, :] = sum_k a[m, k] * e2m1(code[n, k]) * e4m3(scale[n, k // 16])   (fp32)
+    t         = acc * g                                                       (fp32)
     q, k:       t = rope(rms_norm(t)) over the head's D columns               (fp32)
     out[b, head, s, :] = bf16(t)
 
@@ -55,13 +71,21 @@ Design, and why:
   tests run both; ``TRITON_FOR_GLUON`` picks its config). Measured and explained in
   benchmarks/notes_nvfp4_qkv_rope.md.
 
-The module also carries the stage-tap protocol (``forward.staged``): the same decode,
-GEMM, norm and RoPE code run as separate launches that expose each SPEC stage, and
-deliberately broken *mutants* of the fused kernel (constexpr ``MUTANT``) that the tests
-use to prove the checks catch each kind of bug.
+The module also carries the stage-tap protocol (``forward.staged``, ``forward_w4a16.staged``):
+the same quantizer, decode, GEMM, norm and RoPE code run as separate launches that expose
+each SPEC stage, and deliberately broken *mutants* (``MUTANTS``: constexpr ``MUTANT`` of the
+fused kernel, and two of the quantizer: activations not quantized, amax per token) that
+the tests use to prove the checks catch each kind of bug.
+
+Measured on the H200 (benchmarks/probe_nvfp4_act_quant.py): the quantizer's GPU time is
+0.080 ms at 8192 tokens (2.5 TB/s of x, x, xs traffic) and 0.026 ms at 2048; the W4A4
+forward's GPU time is within 5% of forward_w4a16's over the 16 cases (0.488 vs 0.467 ms);
+called eagerly, small cases are bound by the host's launch work (about 0.12 ms more than
+forward_w4a16's at 2048 tokens).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from typing import Mapping, MutableMapping
@@ -74,7 +98,8 @@ from ..definitions import load
 
 NAME = "nvfp4_qkv_rope"
 
-__all__ = ["forward", "forward_staged", "KernelConfig", "pick_config", "MUTANTS"]
+__all__ = ["forward", "forward_staged", "forward_w4a16", "forward_w4a16_staged", "act_quant", "ActQuant",
+           "KernelConfig", "pick_config", "MUTANTS", "STAGES", "STAGES_W4A16"]
 
 # --------------------------------------------------------------------------- mutants
 # Each value breaks exactly one thing the SPEC fixes; 0 is the production kernel.
@@ -86,7 +111,11 @@ MUTANTS = {
     "rope_halves_swapped": 5,  # rotate_half(t) = concat(t2, -t1) instead of concat(-t2, t1)
     "layout_bshd": 6,          # output written [B, S, h, D] instead of [B, h, S, D]
     "gqa_head_shift": 7,       # k head i computed from the weights of k head i+1
+    # the activation quantizer (forward only; the GEMM kernel runs unchanged)
+    "weight_only_activations": 8,   # x not quantized: the bf16 activations multiplied as given
+    "per_token_amax": 9,            # the quantizer's amax (global scale) per token, not per tensor
 }
+_QUANT_MUTANTS = (MUTANTS["weight_only_activations"], MUTANTS["per_token_amax"])
 
 # what the modes of the fused kernel write
 _MODE_FULL = 0   # norm + rope + layout, bf16 outputs (production)
@@ -338,9 +367,11 @@ def _nvfp4_qkv_rope_kernel(
         acc = tl.trans(acc_t)
 
     # ---- epilogue: global scale (fp32), then norm + RoPE for q/k, layout for all
+    # gs: the projection's global decode scale (W4A4: times x's, see act_quant); with a
+    # dense (overridden) weight the whole scale of the product (1 without x's)
     if MUTANT == 3:      # mutant: the global scale forgotten (the decode's 2^8 kept)
         acc = acc * 256.0
-    elif not W_DENSE:
+    else:
         if GS_FROM_PTR:
             gs = tl.load(gs_ptr + (h >= HQ).to(tl.int32) + (h >= HQ + HKV).to(tl.int32))
         else:
@@ -350,7 +381,10 @@ def _nvfp4_qkv_rope_kernel(
                 gs = gs_k
             else:
                 gs = gs_v
-        acc = acc * (gs * 256.0)     # 2^8: the decode's offset (see _decode_nvfp4)
+        if W_DENSE:
+            acc = acc * gs
+        else:
+            acc = acc * (gs * 256.0)     # 2^8: the decode's offset (see _decode_nvfp4)
 
     if MODE == 1:
         # stage tap: the projection, [M, NT*D] fp32
@@ -464,6 +498,223 @@ def _head_stage_kernel(src_ptr, dst_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, eps, 
     dst = dst_ptr + t64 * dst_stride + h * D + offs_d[None, :]
     tl.store(dst, lo, mask=mask)
     tl.store(dst + HALF, hi, mask=mask)
+
+
+# --------------------------------------------------------------------------- activation quantizer
+# SPEC.md op B, stage ``act_quant`` (the benchmark's W4A4 quantizer). Bit for bit what
+# ``fuseval.refimpl.nvfp4.quantize_activations`` computes; every float step is one IEEE
+# float32 operation: divisions go through ``tl.math.div_rn`` (Triton's ``/`` on fp32 is
+# the approximate ``div.full.f32`` in compiled code), and no product feeds an addition,
+# so FMA contraction has nothing to fuse. Magnitudes are compared and maximised as
+# integers (the bit patterns of non-negative floats order as their values), and the
+# rounding to e4m3 is integer arithmetic on the fp32 bits, so the interpreter and the
+# compiled kernel run literally the same operations.
+_F32_MAX = tl.constexpr(3.4028234663852886e38)   # largest finite float32
+_AMAX_MAX_PARTIALS = 1024              # partial maxima the quantizer kernel reduces
+
+
+@triton.jit
+def _abs_bits(x):
+    """|x| as the int32 bit pattern of its float32 value. For non-negative floats the bit
+    patterns order as the values do, and a NaN (exponent all ones, mantissa non-zero) sorts
+    above +inf, so an integer max of these is the float max that propagates NaN, as
+    torch's amax does; it is exact whatever the input dtype (every one converts to fp32
+    exactly)."""
+    return x.to(tl.float32).to(tl.int32, bitcast=True) & 0x7FFFFFFF
+
+
+@triton.jit
+def _load_f32(x_ptr, offs, mask, X_BF16: tl.constexpr):
+    """x as float32. bf16 arrives as its int16 bits and is widened by hand (bits << 16):
+    exact, where the interpreter's own bf16 -> fp32 conversion flushes bf16 subnormals."""
+    if X_BF16:
+        raw = tl.load(x_ptr + offs, mask=mask, other=0)
+        return (raw.to(tl.int32) << 16).to(tl.float32, bitcast=True)
+    return tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+
+
+# The quantizer's small outputs share one int32 scratch tensor (fewer allocations per
+# call): [0, 3) gs (fp32 bits), 3 the global decode scale, [4, ...) the amax partials
+# (the per-token mutant: its decode scale per row instead).
+_SCRATCH_GS = 0
+_SCRATCH_GD = 3
+_SCRATCH_PART = 4
+
+
+@triton.jit
+def _amax_partials_kernel(x_ptr, scratch_ptr, N, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                          X_BF16: tl.constexpr):
+    """Pass 1: max |x| over elements [pid*CHUNK, (pid+1)*CHUNK) of the flat tensor, as the
+    int32 bits of a float32 (see ``_abs_bits``), one partial per program. The quantizer
+    kernel reduces the partials itself: no atomics, no memset, no host round trip."""
+    part_ptr = scratch_ptr + 4       # _SCRATCH_PART
+    pid = tl.program_id(0)
+    base = pid.to(tl.int64) * CHUNK
+    best = tl.zeros([BLOCK], dtype=tl.int32)
+    for i in tl.static_range(0, CHUNK, BLOCK):
+        offs = base + i + tl.arange(0, BLOCK)
+        best = tl.maximum(best, _abs_bits(_load_f32(x_ptr, offs, offs < N, X_BF16)))
+    tl.store(part_ptr + pid, tl.max(best, 0))
+
+
+@triton.jit
+def _e4m3_rne(s):
+    """float32 -> e4m3fn code (int32), round to nearest even, by integer arithmetic on the
+    fp32 bits; magnitudes that round above 448 saturate to 448 (0x7E), NaN gives 0x7F.
+
+    Write |s| = Mant * 2^(Ee - 150) with the 24-bit significand Mant (hidden bit included
+    unless s is an fp32 subnormal, whose Ee is 1). e4m3's binade exponent is
+    ee = max(Ee - 127, -6) (its subnormals share the spacing of the lowest binade), its
+    spacing 2^(ee - 3), so the rounded multiple of the spacing is n = RNE(Mant / 2^r) with
+    r = ee + 147 - Ee >= 20 (capped at 25, where Mant < 2^24 rounds to 0 anyway). The code
+    is 8 * (ee + 6) + n: for normals n = 8 + mantissa, for subnormals n = mantissa, and a
+    carry out of the mantissa (n = 16) lands on the next binade's first code by itself."""
+    bits = s.to(tl.int32, bitcast=True)
+    mag = bits & 0x7FFFFFFF
+    e_field = mag >> 23
+    frac = mag & 0x7FFFFF
+    mant = tl.where(e_field == 0, frac, frac | 0x800000)
+    e_eff = tl.maximum(e_field, 1)
+    ee = tl.maximum(e_eff - 127, -6)
+    r = tl.minimum(ee + 147 - e_eff, 25)
+    q = mant >> r
+    rem = mant & ((1 << r) - 1)
+    half = 1 << (r - 1)
+    q += ((rem > half) | ((rem == half) & ((q & 1) == 1))).to(tl.int32)
+    code = tl.minimum(8 * (ee + 6) + q, 0x7E)
+    code = code | ((bits >> 24) & 0x80)                  # the sign (+-0 keep theirs)
+    return tl.where(mag > 0x7F800000, 0x7F, code)        # NaN
+
+
+@triton.jit
+def _e4m3_value(code):
+    """e4m3fn code (int32) -> its float32 value, exactly: normal codes s.eeee.mmm become the
+    fp32 bits s.(eeee + 120).mmm0..., subnormals m * 2^-9; 0x7F / 0xFF are NaN."""
+    e = (code >> 3) & 0xF
+    m = code & 0x7
+    normal = (((e + 120) << 23) | (m << 20)).to(tl.float32, bitcast=True)
+    v = tl.where(e == 0, m.to(tl.float32) * 0.001953125, normal)
+    v = tl.where((code & 0x80) != 0, -v, v)
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), v)
+
+
+@triton.jit
+def _act_quant_kernel(x_ptr, scratch_ptr, n_part, gw_ptr, g_q, g_k, g_v,
+                      xs_ptr, codes_ptr, scales_ptr, M,
+                      K: tl.constexpr, KP: tl.constexpr, BR: tl.constexpr, PP: tl.constexpr,
+                      GW_FROM_PTR: tl.constexpr, WRITE_CODES: tl.constexpr, PER_TOKEN: tl.constexpr,
+                      X_BF16: tl.constexpr, INTERP: tl.constexpr):
+    """Pass 2: BR whole rows of x [M, K] per program (KP = K rounded up to a power of two).
+
+    Writes xs = e2m1(code) * e4m3(scale) as bf16 [M, K] (exact: at most 6 significant
+    bits), the GEMM's activation operand, and (program 0) the per-projection scales
+    gs[p] = global_decode_p(weights) * global_decode(x) that the GEMM kernels apply to
+    their fp32 accumulators; with WRITE_CODES also the codes [M, K] and block scale bits
+    [M, K/16] (uint8), for the taps and tests. PER_TOKEN (mutant): the amax, and so the
+    global scales, per row instead of per tensor; the row's global decode scale then goes
+    into xs (rounded to bf16) and gs holds the weights' scales alone."""
+    part_ptr = scratch_ptr + 4                                   # see _SCRATCH_*
+    gs_ptr = scratch_ptr.to(tl.pointer_type(tl.float32))
+    if PER_TOKEN:
+        gd_ptr = gs_ptr + 4
+    else:
+        gd_ptr = gs_ptr + 3
+    pid = tl.program_id(0)
+    rows = pid * BR + tl.arange(0, BR)
+    cols = tl.arange(0, KP)
+    row_ok = rows < M
+    mask = row_ok[:, None] & (cols < K)[None, :]
+    offs = rows.to(tl.int64)[:, None] * K + cols[None, :]
+    x = _load_f32(x_ptr, offs, mask, X_BF16)
+    xa = _abs_bits(x)
+
+    # ---- 1. amax over the whole tensor: the partial maxima of pass 1 (the mutant: the row's)
+    if PER_TOKEN:
+        amax = tl.max(xa, 1).to(tl.float32, bitcast=True)[:, None]         # [BR, 1]
+    else:
+        p = tl.arange(0, PP)
+        amax = tl.max(tl.load(part_ptr + p, mask=p < n_part, other=0), 0).to(tl.float32, bitcast=True)
+
+    # ---- 2. global scales: encode = 2688 / amax (fp32), clamped to the fp32 max (amax = 0
+    # gives inf -> max); an encode of 0 (amax = inf) becomes 1. decode = 1 / encode.
+    # The clamps are written as selects so that a NaN passes through, as in torch.
+    g_enc = tl.math.div_rn(tl.full(amax.shape, 2688.0, tl.float32), amax)
+    g_enc = tl.where(g_enc > _F32_MAX, _F32_MAX, g_enc)
+    g_enc = tl.where(g_enc == 0.0, 1.0, g_enc)
+    g_dec = tl.math.div_rn(tl.full(amax.shape, 1.0, tl.float32), g_enc)
+
+    # ---- 3. block scales: s = (block amax / 6) * encode, two fp32 roundings, clamped to
+    # +-448, then rounded to e4m3 (nearest even); s_dec is its exact fp32 value. The "/ 6"
+    # is a product with fl32(1/6) (bits 0x3E2AAAAB), as the benchmark's torch code computes
+    # it on the GPU (a tensor divided by a Python number: times the fp32 reciprocal)
+    xa3 = tl.reshape(xa, [BR, KP // 16, 16])
+    bamax = tl.max(xa3, 2).to(tl.float32, bitcast=True)                     # [BR, KP/16]
+    sixth = tl.full(bamax.shape, 0x3E2AAAAB, tl.int32).to(tl.float32, bitcast=True)
+    s = (bamax * sixth) * g_enc
+    s = tl.where(s > 448.0, 448.0, tl.where(s < -448.0, -448.0, s))
+    s_code = _e4m3_rne(s)
+    s_dec = _e4m3_value(s_code)
+
+    # ---- 4. the block's encode scale: 1 / (s_dec * decode), the product rounded to fp32
+    # first (a division, so there is nothing to contract); a zero scale gives inf -> max
+    b_enc = tl.math.div_rn(tl.full(s_dec.shape, 1.0, tl.float32), s_dec * g_dec)
+    b_enc = tl.where(b_enc > _F32_MAX, _F32_MAX, b_enc)
+
+    # ---- 5. y = x * encode, clamped to +-6, mapped to e2m1 codes by the thresholds of
+    # round-to-nearest-even on the grid {0, .5, 1, 1.5, 2, 3, 4, 6}: a tie at .25, 1.25,
+    # 2.5, 5 stays down (even code), at .75, 1.75, 3.5 goes up. y < 0 sets the sign bit,
+    # so y in [-0.25, 0) is code 8 (-0) and y = -0.0 is code 0; NaN compares false: code 0.
+    # The clamp is not computed: every |y| > 5 (clamped or not) is code 7, and a NaN stays
+    # a NaN either way. The grid value is summed from the same comparisons (exact), so the
+    # magnitude code itself is only built when it is stored.
+    y = tl.reshape(x, [BR, KP // 16, 16]) * b_enc[:, :, None]
+    a = tl.abs(y)
+    c1 = a > 0.25
+    c2 = a >= 0.75
+    c3 = a > 1.25
+    c4 = a >= 1.75
+    c5 = a > 2.5
+    c6 = a >= 3.5
+    c7 = a > 5.0
+    v = (tl.where(c1, 0.5, 0.0) + tl.where(c2, 0.5, 0.0) + tl.where(c3, 0.5, 0.0) + tl.where(c4, 0.5, 0.0)
+         + tl.where(c5, 1.0, 0.0) + tl.where(c6, 1.0, 0.0) + tl.where(c7, 2.0, 0.0))
+    neg = y < 0.0
+    xs = tl.where(neg, -v, v) * s_dec[:, :, None]      # exact: 2 x 4 significant bits
+    if PER_TOKEN:
+        # mutant: the row's own global decode folded into the operand (rounded to bf16)
+        xs = xs * g_dec[:, :, None]
+    xs = tl.reshape(xs, [BR, KP])
+    tl.store(xs_ptr + offs, _to_bf16(xs, INTERP), mask=mask)
+
+    if WRITE_CODES:
+        mag = (c1.to(tl.int32) + c2.to(tl.int32) + c3.to(tl.int32) + c4.to(tl.int32) + c5.to(tl.int32)
+               + c6.to(tl.int32) + c7.to(tl.int32))
+        code = tl.reshape(mag | (neg.to(tl.int32) << 3), [BR, KP])
+        tl.store(codes_ptr + offs, code.to(tl.uint8), mask=mask)
+        blk = tl.arange(0, KP // 16)
+        s_offs = rows.to(tl.int64)[:, None] * (K // 16) + blk[None, :]
+        tl.store(scales_ptr + s_offs, s_code.to(tl.uint8), mask=row_ok[:, None] & (blk < K // 16)[None, :])
+
+    # ---- the scales the GEMM kernels read from their gs pointer: weights' x activations'
+    if GW_FROM_PTR:
+        gq = tl.load(gw_ptr)
+        gk = tl.load(gw_ptr + 1)
+        gv = tl.load(gw_ptr + 2)
+    else:
+        gq = g_q
+        gk = g_k
+        gv = g_v
+    if PER_TOKEN:
+        tl.store(gd_ptr + rows, tl.reshape(g_dec, [BR]), mask=row_ok)
+        if pid == 0:
+            tl.store(gs_ptr, gq * 1.0)
+            tl.store(gs_ptr + 1, gk * 1.0)
+            tl.store(gs_ptr + 2, gv * 1.0)
+    elif pid == 0:
+        tl.store(gd_ptr, g_dec)
+        tl.store(gs_ptr, gq * g_dec)
+        tl.store(gs_ptr + 1, gk * g_dec)
+        tl.store(gs_ptr + 2, gv * g_dec)
 
 
 # --------------------------------------------------------------------------- host side
@@ -634,23 +885,157 @@ def _word_aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % 16 == 0 else t.clone()
 
 
+# --------------------------------------------------------------------------- activation quantizer, host
+# Tile of the quantizer kernel (elements per program: whole rows, so BR = tile // K) and
+# its warps, and the amax kernel's step. benchmarks/probe_nvfp4_act_quant.py on the H200
+# (GPU time, 8192 / 2048 tokens): tiles 4096:4 0.078 / 0.025 ms, 8192:8 0.080 / 0.026,
+# 16384:8 0.082 / 0.026 (all bit-exact); amax steps 4096 / 8192 / 16384: 0.028 / 0.026 /
+# 0.025 ms at 8192 tokens. The differences are within a few percent; these defaults are
+# the ones the GPU tests ran.
+QUANT_TILE = 8192
+QUANT_WARPS = 8
+AMAX_BLOCK = 4096          # elements per step of the amax kernel (8 warps)
+
+
+@dataclass(frozen=True)
+class ActQuant:
+    """What :func:`act_quant` returns for x [..., K].
+
+    ``xs``: bf16 [..., K] = e2m1(code) * e4m3(block scale), exact (at most 6 significant
+    bits): the GEMM kernels' activation operand. ``gs``: fp32 [3], the q, k and v weights'
+    global decode scales times x's, rounded to fp32: what the GEMM kernels read from their
+    gs pointer. ``global_decode``: fp32 0-d (the per-token mutant: [..., 1], one per row).
+    ``codes`` uint8 [..., K] and ``scales`` uint8 e4m3 bits [..., K/16] when asked for."""
+    xs: torch.Tensor
+    gs: torch.Tensor
+    global_decode: torch.Tensor
+    codes: torch.Tensor | None = None
+    scales: torch.Tensor | None = None
+
+    def dequantize(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """x_hat = xs * global_decode: exact in float64 (SPEC.md step 6)."""
+        return (self.xs.to(torch.float64) * self.global_decode.to(torch.float64)).to(dtype)
+
+
+@dataclass(frozen=True)
+class _QuantPlan:
+    chunk: int          # amax kernel: elements per program
+    n_part: int         # amax kernel: programs (partial maxima)
+    pp: int             # n_part rounded up to a power of two (the quantizer's reduction width)
+    kp: int             # K rounded up to a power of two
+    br: int             # quantizer: rows per program
+    grid: int           # quantizer: programs
+
+
+_QUANT_PLANS: dict[tuple, _QuantPlan] = {}
+
+
+def _quant_plan(m: int, k: int) -> _QuantPlan:
+    key = (m, k, QUANT_TILE, AMAX_BLOCK)
+    plan = _QUANT_PLANS.get(key)
+    if plan is None:
+        n = m * k
+        chunk = AMAX_BLOCK
+        while triton.cdiv(n, chunk) > _AMAX_MAX_PARTIALS:
+            chunk *= 2
+        n_part = max(1, triton.cdiv(n, chunk))
+        kp = _pow2_at_least(k, 16)
+        br = max(1, QUANT_TILE // kp)
+        plan = _QuantPlan(chunk, n_part, _pow2_at_least(n_part, 1), kp, br, max(1, triton.cdiv(m, br)))
+        if len(_QUANT_PLANS) > 256:
+            _QUANT_PLANS.clear()
+        _QUANT_PLANS[key] = plan
+    return plan
+
+
+def _quiet_numpy(interp: bool):
+    if not interp:
+        return contextlib.nullcontext()
+    import numpy
+    return numpy.errstate(divide="ignore", over="ignore", invalid="ignore")
+
+
+def act_quant(x: torch.Tensor, weight_scales=(1.0, 1.0, 1.0), *, codes: bool = False,
+              per_token: bool = False) -> ActQuant:
+    """The benchmark's NVFP4 activation quantizer (SPEC.md op B ``act_quant``) on the device,
+    bit for bit ``fuseval.refimpl.nvfp4.quantize_activations(x)``.
+
+    ``x`` [..., K] (any float dtype, K % 16 == 0) is viewed as [M, K]. Two launches and no
+    host synchronisation: ``_amax_partials_kernel`` (max |x| per chunk), then
+    ``_act_quant_kernel`` (global scales from the partials, block scales, codes, xs, and
+    ``gs`` = ``weight_scales`` (three Python floats or one-element tensors) times the global
+    decode scale). ``codes=True`` also returns the codes and block scale bits.
+    ``per_token=True`` is the "per_token_amax" mutant (an amax per row)."""
+    if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"act_quant: x must be a floating-point tensor [..., K], got {got}")
+    if x.dim() == 0 or x.shape[-1] % 16:
+        raise ValueError(f"act_quant: x must have shape [..., K] with K a multiple of 16, "
+                         f"got {tuple(x.shape)}")
+    k = x.shape[-1]
+    x2 = x.detach().reshape(-1, k)
+    if x2.dtype not in (torch.bfloat16, torch.float32):
+        x2 = x2.to(torch.float32)                       # exact for every narrower float
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    x_bf16 = x2.dtype == torch.bfloat16
+    if x_bf16:
+        x2 = x2.view(torch.int16)                       # widened by hand (see _load_f32)
+    m, dev = x2.shape[0], x.device
+    xs, scratch, codes_t, scales_t = _quantize(x2, x_bf16, m, k, weight_scales, codes, per_token)
+    gs = scratch[_SCRATCH_GS:_SCRATCH_GS + 3]
+    lead = tuple(x.shape[:-1])
+    if per_token:
+        gd = scratch[_SCRATCH_PART:_SCRATCH_PART + m].view(lead + (1,))
+    else:
+        gd = scratch[_SCRATCH_GD]
+    return ActQuant(xs.view(x.shape), gs, gd, codes_t.view(x.shape) if codes else None,
+                    scales_t.view(lead + (k // 16,)) if codes else None)
+
+
+def _quantize(x2, x_bf16: bool, m: int, k: int, weight_scales, codes: bool, per_token: bool):
+    """The two launches of :func:`act_quant` on x2 [M, K] (bf16 as int16 bits, or fp32).
+    Returns (xs bf16 [M, K], the fp32 view of the scratch tensor (gs = [0:3]), codes or
+    None, scales or None)."""
+    dev = x2.device
+    plan = _quant_plan(m, k)
+    interp = dev.type != "cuda"
+    xs = torch.empty((m, k), dtype=torch.bfloat16, device=dev)
+    scratch = torch.empty(_SCRATCH_PART + (m if per_token else plan.n_part), dtype=torch.int32, device=dev)
+    codes_t = torch.empty((m, k), dtype=torch.uint8, device=dev) if codes else xs
+    scales_t = torch.empty((m, k // 16), dtype=torch.uint8, device=dev) if codes else xs
+    if any(isinstance(g, torch.Tensor) for g in weight_scales):
+        gw = torch.stack([torch.as_tensor(g).reshape(()).to(device=dev, dtype=torch.float32)
+                          for g in weight_scales])
+        gw_args, gw_from_ptr = (gw, 1.0, 1.0, 1.0), True
+    else:
+        gw_args, gw_from_ptr = (scratch, *(float(g) for g in weight_scales)), False
+    if not per_token:
+        _amax_partials_kernel[(plan.n_part,)](x2, scratch, m * k, CHUNK=plan.chunk, BLOCK=AMAX_BLOCK,
+                                              X_BF16=x_bf16, num_warps=8)
+    with _quiet_numpy(interp):     # the interpreter's numpy warns of 1/0 (an intended inf)
+        _act_quant_kernel[(plan.grid,)](
+            x2, scratch, plan.n_part, *gw_args, xs, codes_t, scales_t, m,
+            K=k, KP=plan.kp, BR=plan.br, PP=plan.pp, GW_FROM_PTR=gw_from_ptr, WRITE_CODES=codes,
+            PER_TOKEN=per_token, X_BF16=x_bf16, INTERP=interp, num_warps=QUANT_WARPS)
+    return xs, scratch.view(torch.float32), (codes_t if codes else None), (scales_t if codes else None)
+
+
+# --------------------------------------------------------------------------- launch
 def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
-            check_values: bool, w_dense: torch.Tensor | None = None):
+            check_values: bool, w_dense: torch.Tensor | None = None, quant: str | None = None,
+            act: tuple[torch.Tensor, torch.Tensor] | None = None):
+    """One GEMM launch (with the epilogue of ``mode``). The activation operand: ``quant``
+    "tensor" quantizes x first (the benchmark's W4A4; "token" is the per-token mutant),
+    ``act`` = (xs, gs) gives it ready (the stage taps), neither uses x as it is (W4A16).
+    ``gs`` (fp32 [3] on the device) then replaces the weights' global decode scales; with a
+    dense (overridden) weight it is the whole scale of the product."""
     plan = _plan(inputs, mode, config, mutant, w_dense is not None, check_values)
     if not plan.contiguous:
         inputs = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in inputs]
     (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
     b, s, hq, hkv, d, m = plan.b, plan.s, plan.hq, plan.hkv, plan.d, plan.m
     dev = x.device
-
-    # global decode scales: Python floats go in as fp32 kernel arguments; tensors (0-d or
-    # one-element, any device) are read on the device to avoid a host sync
-    if isinstance(gq, torch.Tensor) or isinstance(gk, torch.Tensor) or isinstance(gv, torch.Tensor):
-        gs_vec = torch.stack([torch.as_tensor(g).reshape(()).to(device=dev, dtype=torch.float32)
-                              for g in (gq, gk, gv)])
-        gs_args, gs_from_ptr = (gs_vec, 1.0, 1.0, 1.0), True
-    else:
-        gs_args, gs_from_ptr = (x, float(gq), float(gk), float(gv)), False
 
     if mode == _MODE_FULL:
         q_out = torch.empty((b, hq, s, d), dtype=torch.bfloat16, device=dev)
@@ -664,6 +1049,28 @@ def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
         result = proj
     if m == 0:
         return result
+
+    if quant is not None:
+        # x is bf16 and contiguous here (validated by the plan): its int16 bits, [M, H]
+        xs, scratch, _, _ = _quantize(x.view(m, -1).view(torch.int16), True, m, x.shape[-1],
+                                      (gq, gk, gv), False, quant == "token")
+        act = (xs, scratch)          # gs = scratch[0:3]
+    if act is not None:
+        # x's quantized form: xs as the activation operand, the product of both global
+        # decode scales (per projection) read from the device
+        x = act[0]
+        gs_args, gs_from_ptr = (act[1], 1.0, 1.0, 1.0), True
+    elif w_dense is not None:
+        gs_args, gs_from_ptr = (x, 1.0, 1.0, 1.0), False
+    elif isinstance(gq, torch.Tensor) or isinstance(gk, torch.Tensor) or isinstance(gv, torch.Tensor):
+        # global decode scales: Python floats go in as fp32 kernel arguments; tensors (0-d
+        # or one-element, any device) are read on the device to avoid a host sync
+        gs_vec = torch.stack([torch.as_tensor(g).reshape(()).to(device=dev, dtype=torch.float32)
+                              for g in (gq, gk, gv)])
+        gs_args, gs_from_ptr = (gs_vec, 1.0, 1.0, 1.0), True
+    else:
+        gs_args, gs_from_ptr = (x, float(gq), float(gk), float(gv)), False
+
     if plan.gluon is not None and x.data_ptr() % 16 == 0:
         from . import _nvfp4_gluon
         cfg = plan.gluon
@@ -690,7 +1097,10 @@ def forward(hidden_states, cos, sin,
             q_norm_weight, k_norm_weight, rms_norm_eps, *,
             check_values: bool = False, config: KernelConfig | str | None = None,
             _mutant: int = 0):
-    """The fused NVFP4 QKV projection + q/k RMSNorm + RoPE (production path).
+    """The fused NVFP4 QKV projection + q/k RMSNorm + RoPE with the benchmark's semantics
+    (W4A4): x is quantized to NVFP4 by the benchmark's quantizer (:func:`act_quant`, two
+    small launches), then the GEMM kernel multiplies xs = code * scale (exact in bf16) by
+    the decoded weights and applies both global decode scales to its fp32 accumulator.
 
     Inputs in definition order (SPEC.md op B); global decode scales and eps may be Python
     floats or one-element tensors. Returns (query_states, key_states, value_states), bf16
@@ -704,12 +1114,47 @@ def forward(hidden_states, cos, sin,
               k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
               v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale,
               q_norm_weight, k_norm_weight, rms_norm_eps)
-    return _launch(inputs, mode=_MODE_FULL, config=config, mutant=int(_mutant),
+    mutant = int(_mutant)
+    if mutant == MUTANTS["weight_only_activations"]:
+        quant = None            # mutant: the bf16 activations used as they are
+    elif mutant == MUTANTS["per_token_amax"]:
+        quant = "token"
+    else:
+        quant = "tensor"
+    return _launch(inputs, mode=_MODE_FULL, config=config, mutant=_gemm_mutant(mutant),
+                   check_values=check_values, quant=quant)
+
+
+def forward_w4a16(hidden_states, cos, sin,
+                  q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
+                  k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
+                  v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale,
+                  q_norm_weight, k_norm_weight, rms_norm_eps, *,
+                  check_values: bool = False, config: KernelConfig | str | None = None,
+                  _mutant: int = 0):
+    """The operator's ``w4a16`` variant: the same fused kernel on the bf16 activations as
+    they are (weight-only quantization, what Hopper serving kernels usually do). Same
+    signature and outputs as :func:`forward`; the quantizer mutants do not apply."""
+    if isinstance(config, str):
+        config = KernelConfig.parse(config)
+    inputs = (hidden_states, cos, sin, q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
+              k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
+              v_proj_weight_fp4, v_proj_scale, v_proj_global_decode_scale,
+              q_norm_weight, k_norm_weight, rms_norm_eps)
+    return _launch(inputs, mode=_MODE_FULL, config=config, mutant=_gemm_mutant(int(_mutant)),
                    check_values=check_values)
 
 
+def _gemm_mutant(mutant: int) -> int:
+    """The GEMM kernel's MUTANT constexpr: the quantizer mutants leave the GEMM alone."""
+    if mutant and mutant not in MUTANTS.values():
+        raise ValueError(f"{NAME}: unknown mutant {mutant}; known: {MUTANTS}")
+    return 0 if mutant in _QUANT_MUTANTS else mutant
+
+
 # --------------------------------------------------------------------------- stage taps
-STAGES = ("dequant", "proj", "qk_norm", "rope", "layout")
+STAGES = ("act_quant", "dequant", "proj", "qk_norm", "rope", "layout")
+STAGES_W4A16 = STAGES[1:]
 
 
 def _override(override, name, shape, dtype, device) -> torch.Tensor:
@@ -721,18 +1166,27 @@ def _override(override, name, shape, dtype, device) -> torch.Tensor:
 
 
 def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
-                   override: Mapping[str, torch.Tensor] | None = None, config=None):
+                   override: Mapping[str, torch.Tensor] | None = None, config=None,
+                   activations: str = "nvfp4"):
     """The same computation as :func:`forward`, one launch per stage, for the error budget.
 
-    Taps (same layouts as the reference's): ``dequant`` fp32 [q+2kv, H] (= code*scale*global),
-    ``proj`` fp32 [B, S, q+2kv], ``qk_norm`` and ``rope`` fp32 [B, S, q+kv], ``layout`` bf16
-    [B, Hq+2Hkv, S, D]. ``override={stage: tensor}`` replaces a stage's output, cast to its
-    native dtype (bf16 for an overridden ``dequant``, whose global scale is then 1; fp32 for
-    proj/qk_norm/rope; bf16 for layout), and continues from it."""
+    Taps (same layouts as the reference's): ``act_quant`` float64 [B, S, H] (x_hat = xs *
+    global decode, exact), with ``act_quant.codes`` uint8 [B, S, H], ``act_quant.scales``
+    uint8 [B, S, H/16] and ``act_quant.global_decode`` fp32 0-d; ``dequant`` fp32 [q+2kv, H]
+    (= code*scale*global), ``proj`` fp32 [B, S, q+2kv], ``qk_norm`` and ``rope`` fp32
+    [B, S, q+kv], ``layout`` bf16 [B, Hq+2Hkv, S, D]. ``override={stage: tensor}`` replaces
+    a stage's output and continues from it: an ``act_quant`` x_hat is divided by this x's
+    global decode scale and rounded to bf16 (which gives back xs exactly when x_hat is the
+    oracle's), an overridden ``dequant`` is used as a bf16 weight whose global scale is 1,
+    proj/qk_norm/rope are read as fp32, layout as bf16. ``activations="bf16"``: the
+    ``w4a16`` variant (:func:`forward_w4a16`), without the ``act_quant`` stage."""
+    if activations not in ("nvfp4", "bf16"):
+        raise ValueError(f"{NAME}: activations must be 'nvfp4' or 'bf16', got {activations!r}")
+    stages = STAGES if activations == "nvfp4" else STAGES_W4A16
     override = dict(override or {})
-    unknown = sorted(set(override) - set(STAGES))
+    unknown = sorted(set(override) - set(stages))
     if unknown:
-        raise ValueError(f"{NAME}: unknown stage(s) {unknown} in override; stages: {', '.join(STAGES)}")
+        raise ValueError(f"{NAME}: unknown stage(s) {unknown} in override; stages: {', '.join(stages)}")
     if isinstance(config, str):
         config = KernelConfig.parse(config)
     bound = _bind(inputs, False)
@@ -747,7 +1201,24 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
         if taps is not None:
             taps[name] = value
 
-    # 1. dequant
+    # 1. act_quant (W4A4 only)
+    act = None
+    if activations == "nvfp4":
+        aq = act_quant(x, (gq, gk, gv), codes="act_quant" not in override)
+        if "act_quant" in override:
+            x_hat = _override(override, "act_quant", (b, s, hidden), torch.float64, dev)
+            xs = (x_hat / aq.global_decode.to(torch.float64)).to(torch.bfloat16)
+            act_tap = xs.to(torch.float64) * aq.global_decode.to(torch.float64)
+        else:
+            xs = aq.xs
+            emit("act_quant.codes", aq.codes)
+            emit("act_quant.scales", aq.scales)
+            emit("act_quant.global_decode", aq.global_decode)
+            act_tap = aq.dequantize(torch.float64)
+        act = (xs, aq.gs, aq.global_decode)
+        emit("act_quant", act_tap)
+
+    # 2. dequant
     w_dense = None
     if "dequant" in override:
         w_dense = _override(override, "dequant", (n, hidden), torch.bfloat16, dev)
@@ -763,12 +1234,17 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
             parts.append(out)
         emit("dequant", torch.cat(parts))
 
-    # 2. proj (the fused kernel's own K loop, stopped before the epilogue)
+    # 3. proj (the fused kernel's own K loop, stopped before the epilogue)
     if "proj" in override:
         proj = _override(override, "proj", (b, s, n), torch.float32, dev).view(m, n)
     else:
+        gemm_act = None
+        if act is not None:
+            # the quantized activations; with a dense weight only x's global scale remains
+            xs, gs, g_dec = act
+            gemm_act = (xs, gs if w_dense is None else g_dec.reshape(1).expand(3).contiguous())
         proj = _launch(inputs, mode=_MODE_PROJ, config=config, mutant=0, check_values=False,
-                       w_dense=w_dense)
+                       w_dense=w_dense, act=gemm_act)
     emit("proj", proj.view(b, s, n))
 
     hp = _pow2_at_least(d // 2, 8)
@@ -783,7 +1259,7 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
                                      HQ=hq, HKV=hkv, D=d, HP=hp, BM=bm, OP=op)
         return dst
 
-    # 3. qk_norm, 4. rope
+    # 4. qk_norm, 5. rope
     if "qk_norm" in override:
         normed = _override(override, "qk_norm", (b, s, nqk), torch.float32, dev).view(m, nqk)
     else:
@@ -795,7 +1271,7 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
         roped = head_stage(normed, nqk, 1)
     emit("rope", roped.view(b, s, nqk))
 
-    # 5. layout: [B, S, h, D] -> [B, h, S, D], bf16
+    # 6. layout: [B, S, h, D] -> [B, h, S, D], bf16
     if "layout" in override:
         layout = _override(override, "layout", (b, hq + 2 * hkv, s, d), torch.bfloat16, dev)
     else:
@@ -805,4 +1281,11 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
     return tuple(t.contiguous() for t in torch.split(layout, [hq, hkv, hkv], dim=1))
 
 
+def forward_w4a16_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
+                         override: Mapping[str, torch.Tensor] | None = None, config=None):
+    """The stage-tap protocol of :func:`forward_w4a16` (``forward_staged`` without act_quant)."""
+    return forward_staged(*inputs, taps=taps, override=override, config=config, activations="bf16")
+
+
 forward.staged = forward_staged
+forward_w4a16.staged = forward_w4a16_staged

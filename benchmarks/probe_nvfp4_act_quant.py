@@ -1,0 +1,134 @@
+"""Op B's activation quantizer (W4A4, stage ``act_quant``) on the GPU: its cost, and the
+whole forward with it against the weight-only ``forward_w4a16``.
+
+    PYTHONPATH=src python benchmarks/probe_nvfp4_act_quant.py [--tokens 8192,2048]
+        [--tiles 4096:4,8192:8,16384:8] [--amax-blocks 4096,8192,16384] [--suite] [--json OUT]
+
+Times, per token count (``fuseval.bench.time_call``: CUDA events, warm-up, median, L2
+flushed before each call):
+
+* ``copy``: ``x.clone()`` (reads and writes x once: the bandwidth yardstick);
+* ``amax[B]``: the first pass alone (``_amax_partials_kernel``, B elements per step);
+* ``quant[TILE:WARPS]``: ``act_quant`` (both passes) per quantizer tile / warp count, each
+  variant first checked bit for bit against ``quantize_activations``;
+* ``quant``, ``forward`` (W4A4), ``forward_w4a16``: the module's defaults, called eagerly
+  (what a user sees: host launch work included where it exceeds the GPU's);
+* ``gpu:...``: the same calls replayed from a CUDA graph (one launch on the host), i.e.
+  their GPU time alone;
+* ``host_us:...``: host time per call (back-to-back calls, no synchronisation).
+
+``--suite`` adds both forwards' mean over the 16 benchmark cases, eager and replayed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+from fuseval.bench import time_call
+from fuseval.definitions import load
+from fuseval.fast import nvfp4_qkv_rope as F
+from fuseval.inputs import generate_inputs
+from fuseval.refimpl.nvfp4 import quantize_activations
+
+
+def _ms(fn) -> float:
+    return time_call(fn, device="cuda").median_ms
+
+
+def _graph_ms(fn) -> float:
+    """GPU time of fn: captured once into a CUDA graph, the replay timed."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()                                   # warm the allocator on the side stream
+    torch.cuda.current_stream().wait_stream(s)
+    with torch.cuda.graph(g):
+        fn()
+    return _ms(g.replay)
+
+
+def _host_us(fn, n: int = 100) -> float:
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt / n * 1e6
+
+
+def _exact(x, gw) -> bool:
+    got = F.act_quant(x, gw, codes=True)
+    want = quantize_activations(x)
+    return bool(torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
+                and torch.equal(got.xs.double(), want.scaled_codes(torch.float64)))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", default="8192,2048")
+    ap.add_argument("--tiles", default="4096:4,8192:8,16384:8")
+    ap.add_argument("--amax-blocks", default="4096,8192,16384")
+    ap.add_argument("--suite", action="store_true")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    defn = load("nvfp4_qkv_rope", "seed")
+    tiles = [tuple(int(v) for v in t.split(":")) for t in args.tiles.split(",") if t]
+    blocks = [int(b) for b in args.amax_blocks.split(",") if b]
+    default = (F.QUANT_TILE, F.QUANT_WARPS, F.AMAX_BLOCK)
+    out = {"device": torch.cuda.get_device_name(), "defaults": list(default), "by_tokens": {}}
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device="cuda")
+        x, gw = inputs[0], (inputs[5], inputs[8], inputs[11])
+        row = {"copy": _ms(lambda: x.clone())}
+        x16 = x.view(-1, x.shape[-1]).view(torch.int16)
+        for blk in blocks:
+            F.AMAX_BLOCK = blk
+            plan = F._quant_plan(x16.shape[0], x16.shape[1])
+            scratch = torch.empty(4 + plan.n_part, dtype=torch.int32, device="cuda")
+            row[f"amax[{blk}]"] = _ms(lambda: F._amax_partials_kernel[(plan.n_part,)](
+                x16, scratch, x16.numel(), CHUNK=plan.chunk, BLOCK=blk, X_BF16=True, num_warps=8))
+            row[f"exact:amax[{blk}]"] = _exact(x, gw)
+        F.AMAX_BLOCK = default[2]
+        for tile, warps in tiles:
+            F.QUANT_TILE, F.QUANT_WARPS = tile, warps
+            row[f"exact:quant[{tile}:{warps}]"] = _exact(x, gw)
+            row[f"quant[{tile}:{warps}]"] = _ms(lambda: F.act_quant(x, gw))
+            row[f"gpu:quant[{tile}:{warps}]"] = _graph_ms(lambda: F.act_quant(x, gw))
+        F.QUANT_TILE, F.QUANT_WARPS = default[:2]
+        for name, fn in (("quant", lambda: F.act_quant(x, gw)), ("forward", lambda: F.forward(*inputs)),
+                         ("forward_w4a16", lambda: F.forward_w4a16(*inputs))):
+            row[name] = _ms(fn)
+            row[f"gpu:{name}"] = _graph_ms(fn)
+            row[f"host_us:{name}"] = _host_us(fn)
+        row["quant_TBps_gpu"] = 3 * x.numel() * 2 / row["gpu:quant"] / 1e9     # x twice, xs once
+        out["by_tokens"][tokens] = row
+        print(tokens, json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}),
+              flush=True)
+    if args.suite:
+        suite = {"forward": [], "forward_w4a16": [], "gpu:forward": [], "gpu:forward_w4a16": []}
+        for case in defn.cases():
+            inputs = generate_inputs(defn, case.axes, seed=case.index, device="cuda")
+            for name in ("forward", "forward_w4a16"):
+                fn = getattr(F, name)
+                suite[name].append(_ms(lambda: fn(*inputs)))
+                suite[f"gpu:{name}"].append(_graph_ms(lambda: fn(*inputs)))
+        out["suite"] = {name: {"per_case_ms": v, "mean_ms": statistics.fmean(v)} for name, v in suite.items()}
+        print("suite mean ms:", {k: round(v["mean_ms"], 4) for k, v in out["suite"].items()}, flush=True)
+        for name, v in suite.items():
+            print(f"per case {name}:", [round(t, 4) for t in v], flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
