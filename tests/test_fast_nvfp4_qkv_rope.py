@@ -549,3 +549,57 @@ def test_gpu_act_quant_is_bit_exact_on_adversarial_inputs(per_token):
     x = torch.randn((333, 4096), generator=g, device="cuda")
     x = x * 2.0 ** torch.randint(-40, 41, (333, 1), generator=g, device="cuda").float()
     _assert_quantizer_is_the_oracle(x.to(torch.bfloat16), per_token)
+
+
+# --------------------------------------------------------------------------- CUDA graph replay
+def _graph_replay_properties() -> dict[str, bool]:
+    """Calls of at most GRAPH_MAX_TOKENS go through fast.GRAPHS: eager, then captured, then
+    replayed. Returns which of the replay's promises held."""
+    defn = load(OP)
+    case = defn.cases("0")[0]
+    assert case.axes["batch_size"] * case.axes["seq_len"] <= fast.GRAPH_MAX_TOKENS
+    inputs = generate_inputs(defn, case.axes, seed=8, device="cuda")
+    fast.GRAPHS.clear()
+    first = fast.forward(*inputs)
+    captures = fast.GRAPHS.captures
+    second = fast.forward(*inputs)
+    third = fast.forward(*inputs)
+    kept = [t.clone() for t in third]
+    inputs[0].mul_(-0.5)                                   # changed in place: same address
+    changed = fast.forward(*inputs)
+    other = [t.clone() if isinstance(t, torch.Tensor) else t for t in inputs]
+    other[0].normal_()                                     # a new tensor of the same shape
+    fresh = fast.forward(*other)
+    fast.GRAPHS.clear()
+
+    def ok(out, ins):
+        return all(compare(o, r, defn.tolerance).passed for o, r in zip(out, ref.reference(*ins)))
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a, b))    # noqa: E731
+    return {
+        "captured_once": fast.GRAPHS.captures == captures + 1,
+        "replay_equals_eager": same(first, second) and same(second, third),
+        "earlier_result_kept": same(third, kept),
+        "reads_changed_input": ok(changed, inputs),
+        "reads_other_input": ok(fresh, other),
+    }
+
+
+@gpu
+@needs_cuda
+def test_graph_replay_is_the_eager_computation():
+    assert _graph_replay_properties() == dict.fromkeys(
+        ["captured_once", "replay_equals_eager", "earlier_result_kept", "reads_changed_input",
+         "reads_other_input"], True)
+
+
+@gpu
+@needs_cuda
+def test_graph_replay_mutants_are_caught(monkeypatch):
+    """Mutants: outputs returned without a clone (the next replay overwrites a kept result),
+    and a key without addresses (a replay reads the tensors of the captured call)."""
+    from fuseval.fast._graphs import GraphCache
+    monkeypatch.setattr(fast, "GRAPHS", GraphCache(clone_outputs=False))
+    assert not _graph_replay_properties()["earlier_result_kept"]
+    monkeypatch.setattr(fast, "GRAPHS", GraphCache())
+    monkeypatch.setattr(fast, "tensor_key", lambda ts: tuple(getattr(t, "shape", t) for t in ts))
+    assert not _graph_replay_properties()["reads_other_input"]
