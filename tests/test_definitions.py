@@ -431,6 +431,9 @@ def test_export_writes_solexecbench_definition_and_workloads(tmp_path, capsys, o
         assert list(r["inputs"]) == [n for n, _, _ in inputs]
     assert len({r["uuid"] for r in rows}) == 16
     assert [r["tolerance"]["max_atol"] for r in rows] == [c.tolerance.atol for c in load(op).cases()]
+    # the key names of the evaluator's ToleranceSpec (an unknown key would be ignored there)
+    assert all(set(r["tolerance"]) == {"max_atol", "max_rtol", "required_matched_ratio", "max_error_cap"}
+               for r in rows)
 
 
 def test_export_of_a_small_config_has_scaled_axes(tmp_path):

@@ -319,7 +319,7 @@ class Definition:
 def tolerance_json(tol: Tolerance) -> dict[str, Any]:
     """A tolerance under the key names SOL-ExecBench's evaluator reads."""
     return {"max_atol": tol.atol, "max_rtol": tol.rtol,
-            "required_matched_ratio": tol.min_matched_ratio, "max_abs_error": tol.max_abs_error}
+            "required_matched_ratio": tol.min_matched_ratio, "max_error_cap": tol.max_abs_error}
 
 
 def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
