@@ -3,7 +3,7 @@
 Two modes:
 
 * ``"benchmark"`` mirrors how SOL-ExecBench draws random inputs (SPEC.md), by its generic
-  rules unless the operator module defines ``benchmark_inputs(defn, axes, seed)`` (a
+  rules unless the operator module defines ``benchmark_inputs(defn, axes, seed, device=)`` (a
   problem with a custom input generator, e.g. Quant/028). The generic rules: floats are
   ``randn``; ``*norm_weight`` / ``*layernorm_weight`` are ones; weight matrices are
   ``randn / sqrt(last dim)``; other biases ``randn``; ``cos`` = cos(clamp(randn, -pi, pi)),
@@ -13,11 +13,19 @@ Two modes:
   (rope_theta from the definition; three position axes t, h, w for multimodal RoPE),
   norm weights near 1, and NVFP4 weights quantized from a Gaussian weight matrix with the
   standard global/block scale recipe. An operator module may refine it by defining
-  ``realistic_inputs(defn, axes, seed)``.
+  ``realistic_inputs(defn, axes, seed, device=)``.
 
-Every input is drawn from its own CPU generator seeded from (seed, input name), so
-the same seed gives the same inputs on any device, and an input's value does not
-depend on the shapes of the others (weights are identical across cases for one seed).
+Every input is drawn from its own generator seeded from (seed, input name), *on the
+device the inputs are asked for* (drawing op A's 1 GB of full-size weights on the CPU
+took about 2.8 s a case, nearly all of a GPU check's time). The guarantee:
+
+* the same (seed, case, input) gives the same tensor on every run on the same kind of
+  device (for CUDA: the same GPU model, since torch's Philox kernels size their grid by
+  the SM count), and an input's value does not depend on the shapes of the others
+  (weights are identical across cases for one seed);
+* draws on different devices are statistically the same distribution, not the same bits;
+* ``save_inputs`` / ``load_inputs`` keep a draw (tensors with their devices and dtypes,
+  scalars as they are) so that a failure seen on one machine replays exactly.
 """
 from __future__ import annotations
 
@@ -32,7 +40,7 @@ from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
 __all__ = ["generate_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "input_generator",
-           "positions_to_cos_sin"]
+           "positions_to_cos_sin", "save_inputs", "load_inputs"]
 
 # dtype names of the definitions -> the torch storage dtype implementations receive
 TORCH_DTYPES: dict[str, torch.dtype] = {
@@ -47,16 +55,16 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
 MODES = ("benchmark", "realistic")
 
 
-def input_generator(seed: int, name: str) -> torch.Generator:
-    """A CPU generator for one input, seeded from (seed, name)."""
+def input_generator(seed: int, name: str, device: str | torch.device = "cpu") -> torch.Generator:
+    """A generator on ``device`` for one input, seeded from (seed, name)."""
     digest = hashlib.sha256(f"{int(seed)}/{name}".encode()).digest()
-    g = torch.Generator(device="cpu")
+    g = torch.Generator(device=torch.device(device))
     g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
     return g
 
 
 def _randn(shape, g) -> torch.Tensor:
-    return torch.randn(shape, generator=g, dtype=torch.float32)
+    return torch.randn(shape, generator=g, dtype=torch.float32, device=g.device)
 
 
 def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
@@ -68,7 +76,7 @@ def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generat
     if dtype == "float8_e4m3fn":
         return nvfp4.encode_e4m3fn(_randn(shape, g).clamp(-2, 2)).view(torch.float8_e4m3fn)
     if name.endswith("norm_weight"):
-        t = torch.ones(shape)
+        t = torch.ones(shape, device=g.device)
     elif name.endswith("cos"):
         t = torch.cos(_randn(shape, g).clamp(-math.pi, math.pi))
     elif name.endswith("sin"):
@@ -89,7 +97,8 @@ def positions_to_cos_sin(positions: torch.Tensor, head_dim: int, theta: float) -
     return torch.cos(angles).float(), torch.sin(angles).float()
 
 
-def default_realistic_inputs(defn: Definition, axes: Mapping[str, int], seed: int) -> dict[str, Any]:
+def default_realistic_inputs(defn: Definition, axes: Mapping[str, int], seed: int,
+                             device: str | torch.device = "cpu") -> dict[str, Any]:
     """Realistic-mode inputs by name: NVFP4 weights quantized from a Gaussian matrix with the
     standard recipe, [B, S, D] cos/sin from positions 0..S-1, norm weights 1 + 0.1 randn,
     everything else as in benchmark mode. Operator modules refine it (op A's mRoPE)."""
@@ -99,7 +108,7 @@ def default_realistic_inputs(defn: Definition, axes: Mapping[str, int], seed: in
     for spec in defn.inputs:
         if spec.name in out:
             continue
-        g = input_generator(seed, spec.name)
+        g = input_generator(seed, spec.name, device)
         shape = defn.shape_of(spec, axes)
         if spec.is_scalar:
             out[spec.name] = _scalar(spec, g)
@@ -117,8 +126,8 @@ def default_realistic_inputs(defn: Definition, axes: Mapping[str, int], seed: in
             b, s, d = shape
             pos = torch.arange(s).expand(b, s)
             cos, sin = positions_to_cos_sin(pos, d, theta)
-            out["cos"] = cos.to(TORCH_DTYPES[specs["cos"].dtype])
-            out["sin"] = sin.to(TORCH_DTYPES[specs["sin"].dtype])
+            out["cos"] = cos.to(device=device, dtype=TORCH_DTYPES[specs["cos"].dtype])
+            out["sin"] = sin.to(device=device, dtype=TORCH_DTYPES[specs["sin"].dtype])
             continue
         if spec.name.endswith("norm_weight"):
             out[spec.name] = (1.0 + 0.1 * _randn(shape, g)).to(TORCH_DTYPES[spec.dtype])
@@ -139,12 +148,13 @@ def _scalar(spec: TensorSpec, g: torch.Generator) -> float:
     return float(x)
 
 
-def generic_benchmark_inputs(defn: Definition, axes: Mapping[str, int], seed: int) -> dict[str, Any]:
+def generic_benchmark_inputs(defn: Definition, axes: Mapping[str, int], seed: int,
+                             device: str | torch.device = "cpu") -> dict[str, Any]:
     """Inputs by name under SOL-ExecBench's generic rules (the module docstring), one
-    generator per input; ``axes``: the full binding."""
+    generator per input on ``device``; ``axes``: the full binding."""
     values: dict[str, Any] = {}
     for spec in defn.inputs:
-        g = input_generator(seed, spec.name)
+        g = input_generator(seed, spec.name, device)
         if spec.is_scalar:
             values[spec.name] = _scalar(spec, g)
         else:
@@ -163,14 +173,40 @@ def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int 
     # an operator module may draw its inputs itself: ``realistic_inputs`` for the realistic
     # mode, ``benchmark_inputs`` where the benchmark uses a custom generator of its own
     hook = getattr(importlib.import_module(defn.module), f"{mode}_inputs", None)
+    device = torch.device(device)
     if hook is not None:
-        values = hook(defn, axes, seed)
+        values = hook(defn, axes, seed, device=device)
     elif mode == "realistic":
-        values = default_realistic_inputs(defn, axes, seed)
+        values = default_realistic_inputs(defn, axes, seed, device)
     else:
-        values = generic_benchmark_inputs(defn, axes, seed)
+        values = generic_benchmark_inputs(defn, axes, seed, device)
     result = []
     for spec in defn.inputs:
         v = values[spec.name]
         result.append(v.to(device).contiguous() if isinstance(v, torch.Tensor) else v)
     return result
+
+
+def save_inputs(path: str, defn: Definition, inputs: list[Any], **meta: Any) -> str:
+    """Keep one draw of ``defn``'s inputs (definition order) in a file, with ``meta`` (e.g.
+    seed, case, mode): ``load_inputs`` gives them back bit for bit, on their devices."""
+    if len(inputs) != len(defn.inputs):
+        raise ValueError(f"{defn.name}: expected {len(defn.inputs)} inputs, got {len(inputs)}")
+    torch.save({"op": defn.name, "config": defn.config, "names": defn.input_names,
+                "inputs": list(inputs), "meta": dict(meta)}, path)
+    return path
+
+
+def load_inputs(path: str, defn: Definition | None = None, device: str | torch.device | None = None):
+    """(inputs in definition order, meta) from a file of ``save_inputs``; ``defn`` checks that
+    the file holds that operator's inputs; ``device`` moves the tensors (default: as saved)."""
+    try:
+        doc = torch.load(path, map_location=device, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the same user error
+        raise ValueError(f"inputs file {path!r}: cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(doc, dict) or "inputs" not in doc or "names" not in doc:
+        raise ValueError(f"inputs file {path!r}: not written by fuseval.inputs.save_inputs")
+    if defn is not None and (doc.get("op") != defn.name or doc["names"] != defn.input_names):
+        raise ValueError(f"inputs file {path!r} holds inputs of {doc.get('op')!r} "
+                         f"({', '.join(doc['names'])}), expected {defn.name!r}")
+    return list(doc["inputs"]), dict(doc.get("meta", {}))

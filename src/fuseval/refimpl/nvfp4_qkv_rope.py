@@ -311,32 +311,35 @@ sol_reference_w4a16 = functools.partial(sol_reference, activations="bf16")
 
 
 # --------------------------------------------------------------------------- the benchmark's inputs
-def benchmark_inputs(defn, axes: Mapping[str, int], seed: int) -> dict[str, Any]:
+def benchmark_inputs(defn, axes: Mapping[str, int], seed: int, device="cpu") -> dict[str, Any]:
     """The inputs Quant/028 draws with its own generator (SPEC.md), for any configuration:
     hidden_states, cos and sin plain randn in bf16 (cos and sin independent, unbounded);
     each weight matrix randn(float32) * 0.02 quantized with the benchmark's quantizer
     (``nvfp4.quantize_activations``: positive e4m3 block scales, global decode scale
-    amax(W) / 2688); norm weights ones; eps 1e-6. One generator per input name."""
+    amax(W) / 2688); norm weights ones; eps 1e-6. One generator per input name, on
+    ``device``."""
     from ..inputs import input_generator
     out: dict[str, Any] = {}
     for spec in defn.inputs:
         if spec.name in out:
             continue
-        g = input_generator(seed, spec.name)
+        g = input_generator(seed, spec.name, device)
         shape = defn.shape_of(spec, axes)
         if spec.is_scalar:
             out[spec.name] = float(spec.value) if spec.value is not None else None
         elif spec.dtype == "float4_e2m1fn_x2":
             prefix = spec.name[: -len("weight_fp4")]
-            w = torch.randn(shape[:-1] + (shape[-1] * 2,), generator=g, dtype=torch.float32) * 0.02
+            w = torch.randn(shape[:-1] + (shape[-1] * 2,), generator=g, dtype=torch.float32,
+                            device=g.device) * 0.02
             aq = nvfp4.quantize_activations(w)
             out[spec.name] = aq.packed
             out[prefix + "scale"] = aq.scales.view(torch.float8_e4m3fn)
             out[prefix + "global_decode_scale"] = float(aq.global_decode)
         elif spec.name.endswith("norm_weight"):
-            out[spec.name] = torch.ones(shape, dtype=torch.bfloat16)
+            out[spec.name] = torch.ones(shape, dtype=torch.bfloat16, device=g.device)
         else:
-            out[spec.name] = torch.randn(shape, generator=g, dtype=torch.float32).to(torch.bfloat16)
+            out[spec.name] = torch.randn(shape, generator=g, dtype=torch.float32,
+                                         device=g.device).to(torch.bfloat16)
     return out
 
 

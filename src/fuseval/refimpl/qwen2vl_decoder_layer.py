@@ -255,14 +255,14 @@ def mrope_positions(batch: int, seq_len: int) -> torch.Tensor:
     return pos[:, None, :].expand(3, batch, seq_len)
 
 
-def realistic_inputs(defn, axes, seed) -> dict[str, Any]:
+def realistic_inputs(defn, axes, seed, device="cpu") -> dict[str, Any]:
     """Benchmark-style weights and activations; norm weights near 1; cos/sin of real
     multimodal position ids (rope_theta from the definition)."""
     from ..inputs import default_realistic_inputs, positions_to_cos_sin
-    values = default_realistic_inputs(defn, axes, seed)
+    values = default_realistic_inputs(defn, axes, seed, device)
     pos = mrope_positions(axes["batch_size"], axes["kv_seq_len"])
     cos, sin = positions_to_cos_sin(pos, axes["head_dim"], float(defn.realistic.get("rope_theta", 1e6)))
-    values["rope_cos"], values["rope_sin"] = cos.contiguous(), sin.contiguous()
+    values["rope_cos"], values["rope_sin"] = cos.contiguous().to(device), sin.contiguous().to(device)
     return values
 
 
