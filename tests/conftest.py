@@ -28,3 +28,16 @@ def _one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _rules_tested_in_process():
+    """The tests of fuseval's rules call their (trusted) test implementations in this
+    process: a worker process per implementation would cost seconds each. The default,
+    isolated path (fuseval.isolation) is exercised by tests/test_hostile.py, which turns it
+    back on, and by every test that runs the command in a subprocess."""
+    from fuseval import isolation
+    old = isolation.ISOLATE
+    isolation.ISOLATE = False
+    yield
+    isolation.ISOLATE = old

@@ -246,7 +246,7 @@ def test_exit_code_follows_the_error_type_not_its_wording(capsys, monkeypatch, e
     def raising(args):
         raise error
     monkeypatch.setattr(check_command, "run", raising)
-    rc, _, err = fuseval(capsys, "check", "--op", OP_A)
+    rc, _, err = fuseval(capsys, "check", "--op", OP_A, "--impl", "torch")
     assert rc == code
     assert_clean_error(err, str(error))
 

@@ -151,13 +151,15 @@ def _budget_available() -> bool:
 def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str | Sequence[int] | None = None,
             device: str = "cpu", seeds: int | Sequence[int] = 3, mode: str = "benchmark",
             stages: bool | None = None, latency: bool | None = None,
-            progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+            progress: Callable[[str], None] | None = None, isolate: bool | None = None,
+            timeout: float | None = None) -> dict[str, Any]:
     """Measure ``impl`` on ``op`` and return a baseline document (a dict; see the module doc).
 
     ``seeds``: a count (0, 1000, 2000, ...) or explicit seeds, at least 3 for a spread that
     means something. ``stages``: add the budget's per-stage metrics (default: when
     :mod:`fuseval.budget` is available). ``latency``: time the implementation (default: on
-    CUDA only)."""
+    CUDA only). ``isolate``, ``timeout``: as in :func:`fuseval.check.check` (latencies are
+    measured in this process: a timing needs the kernel here)."""
     import torch
     from . import __version__
     from .check import check, resolve_device
@@ -169,8 +171,15 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     seeds = seed_values(seeds)
     operator = get(op, config)
     defn = operator.definition
-    fn = operator.implementation(impl)          # ImplementationError early, before any work
     dev = resolve_device(device)
+    from .isolation import can_isolate, default_isolate, worker_for
+    isolate = default_isolate(isolate) and can_isolate(impl)[0]
+    if isolate:
+        worker = worker_for(impl, defn, str(dev))   # ImplementationError early, before any work
+        fn = impl
+        has_taps = worker.staged
+    else:
+        fn = operator.implementation(impl)
     selected = defn.cases(cases)
     say = progress or (lambda message: None)
     use_stages = _budget_available() if stages is None else stages
@@ -178,7 +187,7 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
         # per-stage metrics need the stage-tap protocol; without it the budget is end to end
         # only, which the per-output metrics already cover
         from .budget import staged_of
-        if staged_of(defn, impl, fn) is None:
+        if not (has_taps if isolate else staged_of(defn, impl, fn) is not None):
             if stages:
                 raise FusevalError(f"{defn.name}: implementation {impl_label(impl)!r} has no stage taps "
                                    "(forward.staged), so there are no per-stage metrics to record")
@@ -196,13 +205,15 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     for s in seeds:
         say(f"{defn.name} baseline: check seed {s}")
         rep = check(defn.name, fn, config=config, cases=[c.index for c in selected], device=dev, seed=s,
-                    mode=mode, hygiene=False,
+                    mode=mode, hygiene=False, isolate=isolate, timeout=timeout,
                     progress=lambda r, done, total, _s=s: say(
                         f"{defn.name} check seed {_s} [{done}/{total}] case {r.case}: {case_verdict(r)}"))
         for c in rep.cases:
             entry = per_case[c.case]
             entry["passed_per_seed"].append(bool(c.passed))
             entry["violations"] = sorted(set(entry["violations"]) | set(c.violations))
+            if c.violations and c.messages:
+                entry.setdefault("messages", []).extend(f"seed {s}: {m}" for m in c.messages[:3])
             for m in c.outputs:
                 slot = samples[c.case]["outputs"].setdefault(m.name, {})
                 values = {"max_abs": m.max_abs, "mean_abs": m.mean_abs, "rel_l2": m.rel_l2,
@@ -213,7 +224,8 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
             from .budget import run_budget
             say(f"{defn.name} baseline: budget seed {s}")
             brep = run_budget(defn.name, impl, config=config, cases=[c.index for c in selected],
-                              device=str(dev), seed=s, mode=mode, baselines=False,
+                              device=str(dev), seed=s, mode=mode, baselines=False, isolate=isolate,
+                              timeout=timeout,
                               progress=lambda r, done, total, _s=s: say(
                                   f"{defn.name} budget seed {_s} [{done}/{total}] case {r.case}"))
             for case, stages_ in budget_stage_metrics(brep).items():
@@ -225,6 +237,8 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
                         slot.setdefault(k, []).append(v)
         if use_latency:
             from .inputs import generate_inputs
+            if not callable(fn):
+                fn = operator.implementation(impl)
             for c in selected:
                 inputs = generate_inputs(defn, c.axes, seed=s + c.index, mode=mode, device=dev)
                 per_case[c.index]["latency_ms"].append(measure_latency(fn, inputs))
@@ -233,6 +247,7 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     for index, entry in per_case.items():
         doc = {"axes": entry["axes"], "passed": all(entry["passed_per_seed"]),
                "passed_per_seed": entry["passed_per_seed"], "violations": entry["violations"],
+               **({"messages": entry["messages"][:6]} if entry.get("messages") else {}),
                "outputs": {name: {k: summarize(v) for k, v in metrics.items()}
                            for name, metrics in samples[index]["outputs"].items()},
                "stages": {name: {k: summarize(v) for k, v in metrics.items()}

@@ -30,6 +30,7 @@ import math
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -38,11 +39,12 @@ import torch
 from . import ops as _ops
 from .definitions import Case, Definition, Tolerance
 from .errors import VIOLATION_EXIT, NoDeviceError
-from .inputs import generate_inputs
+from .inputs import TORCH_DTYPES, generate_inputs
 from .validate import bind_axes, check_outputs_shape
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
-           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction"]
+           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
+           "input_groups", "validate_selection"]
 
 # "fuseval": float64 comparison, a NaN both sides have by construction may match;
 # "sol": the benchmark's evaluator (float32 comparison, any NaN/Inf on either side fails)
@@ -252,15 +254,124 @@ def _predict(defn: Definition, outputs, inputs, tol: Tolerance, predictor: Calla
     return Prediction(not violations, metrics, violations)
 
 
-def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device: torch.device,
+def input_groups(defn: Definition) -> dict[str, list[int]]:
+    """Input indices by group: ``activations`` (tensors whose shape depends on a var axis:
+    what changes from call to call in a model) and ``weights`` (every other input a
+    generator draws: weights, scales, norm weights, drawn scalars). Fixed-value scalars
+    (an epsilon) are in neither."""
+    var = set(defn.var_axes)
+    changed = True
+    while changed:                       # expr axes computed from var axes vary too
+        changed = False
+        for a in defn.axes.values():
+            if a.kind == "expr" and a.name not in var and _names(a.expression) & var:
+                var.add(a.name)
+                changed = True
+    groups: dict[str, list[int]] = {"activations": [], "weights": []}
+    for i, spec in enumerate(defn.inputs):
+        if spec.is_scalar:
+            if spec.value is None:
+                groups["weights"].append(i)
+        elif any(_names(d) & var for d in spec.shape):
+            groups["activations"].append(i)
+        else:
+            groups["weights"].append(i)
+    return groups
+
+
+def _names(expression: str) -> set[str]:
+    import ast
+    return {n.id for n in ast.walk(ast.parse(str(expression), mode="eval")) if isinstance(n, ast.Name)}
+
+
+class Local:
+    """The implementation called in fuseval's own process (``--in-process``): it is trusted,
+    since it could change anything in this process, the verdict included. Same interface
+    as :class:`fuseval.isolation.Worker` (``call``, ``recopy``), minus the isolation."""
+
+    def __init__(self, fn: Callable, device: torch.device, baseline: dict[str, int] | None = None):
+        self.fn, self.device, self.kept = fn, torch.device(device), None
+        self.baseline = baseline
+
+    def call(self, inputs, *, keep: bool = False, poison: int = 0, deadline: float | None = None,
+             expected=None):
+        from . import integrity
+        from .isolation import CallResult, _is_oom, describe_exception
+        poison_allocator(self.device, poison)
+        before = integrity.threads()
+        t0 = time.perf_counter()
+        try:
+            outputs = _as_tuple(self.fn(*inputs))
+            _sync(self.device)
+        except SystemExit as exc:
+            return CallResult("exited", violations=["exited"],
+                              messages=[f"the implementation called sys.exit({exc.code!r})"],
+                              seconds=time.perf_counter() - t0)
+        except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict, not a crash
+            line, where = describe_exception(exc)
+            return CallResult("raised", violations=["out_of_memory" if _is_oom(exc) else "raised"],
+                              messages=[f"implementation raised: {line}" + (f" (at {where})" if where else "")],
+                              seconds=time.perf_counter() - t0, where=where, error=line)
+        res = CallResult("ok", outputs=outputs, seconds=time.perf_counter() - t0)
+        if self.baseline is not None:
+            tampered = integrity.changed(self.baseline)
+            if tampered:
+                res.violations.append("tampered")
+                res.messages.append("the implementation replaced functions a verdict relies on: "
+                                    + ", ".join(tampered[:8]))
+        threads = integrity.new_threads(before)
+        if threads:
+            res.violations.append("lingering_thread")
+            res.messages.append("the implementation left threads running after it returned: " + ", ".join(threads[:8]))
+        if isinstance(outputs, (tuple, list)):
+            for i, o in enumerate(outputs):
+                if isinstance(o, torch.Tensor) and type(o) is not torch.Tensor:
+                    res.violations.append("bad_outputs")
+                    res.messages.append(f"output {i} is a {type(o).__module__}.{type(o).__qualname__}, a subclass "
+                                        "of torch.Tensor; expected exactly torch.Tensor")
+                elif isinstance(o, torch.Tensor) and o.device.type != self.device.type:
+                    res.violations.append("wrong_device")
+                    res.messages.append(f"output {i} is on device {o.device}, expected {self.device}")
+            for i, o in enumerate(outputs):
+                for j, t in enumerate(inputs):
+                    if isinstance(o, torch.Tensor) and isinstance(t, torch.Tensor) and _overlaps(o, t):
+                        res.aliases.append((i, j))
+        if keep:
+            self.kept = outputs
+        return res
+
+    def recopy(self, like, deadline=None):
+        kept, self.kept = self.kept, None
+        return None if kept is None else [o.detach().clone() for o in kept]
+
+
+# violations after which a case's outputs are not there to compare
+_NO_OUTPUTS = ("timeout", "exited", "crashed", "raised", "out_of_memory")
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return time.monotonic() + float(timeout) if timeout else None
+
+
+def _same(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
+    return all(torch.equal(x.to(torch.float64).nan_to_num(1.5), y.to(torch.float64).nan_to_num(1.5))
+               for x, y in zip(a, b))
+
+
+def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torch.device,
              mode: str = "benchmark", reference: Callable | None = None,
              inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
-             predictor: Callable | None = None) -> CaseResult:
+             predictor: Callable | None = None, timeout: float | None = None) -> CaseResult:
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
+    ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
+    :class:`fuseval.isolation.Worker` (the implementation in its own process).
     ``reference``: what the outputs are compared with (default: the float64 oracle);
     ``rules``: "fuseval" or "sol" (see ``RULES``); ``predictor``: when given (the
-    benchmark's ``sol_reference``), the benchmark's verdict is predicted beside."""
+    benchmark's ``sol_reference``), the benchmark's verdict is predicted beside.
+    ``timeout``: seconds every call of the implementation in this case may take together
+    (enforced for a worker only: a call in this process cannot be interrupted)."""
+    runner = impl if hasattr(impl, "call") and hasattr(impl, "recopy") else Local(impl, device)
     reference = reference or _ops.resolve_impl(defn, "reference")
     tol = case.tolerance or defn.tolerance
     tol_dict = asdict(tol)
@@ -273,6 +384,7 @@ def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device:
     before = [fingerprint(t) for t in inputs] if hygiene else None
     violations: list[str] = []
     messages: list[str] = []
+    expected = [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
 
     out_bytes = sum(math.prod(defn.shape_of(s, bound)) * 4 for s in defn.outputs)
     # the oracle runs first, on the untouched inputs: an implementation that mutates its
@@ -282,30 +394,34 @@ def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device:
     _sync(device)
     oracle_seconds = time.perf_counter() - t0
 
-    poison_allocator(device, 2 * out_bytes)
-    t0 = time.perf_counter()
-    try:
-        outputs = _as_tuple(impl(*inputs))
-        _sync(device)
-    except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict, not a crash
-        tb = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        return CaseResult(case.index, dict(case.axes), [], ["raised"], [f"implementation raised: {tb}"],
-                          False, time.perf_counter() - t0, oracle_seconds, case_seed, tol_dict)
-    impl_seconds = time.perf_counter() - t0
+    deadline = _deadline(timeout)
+    res = runner.call(inputs, keep=hygiene, poison=2 * out_bytes, deadline=deadline, expected=expected)
+    impl_seconds = res.seconds
 
+    def result(metrics=(), predicted=None) -> CaseResult:
+        v = list(dict.fromkeys(violations))
+        return CaseResult(case.index, dict(case.axes), list(metrics), v, messages, not v,
+                          impl_seconds, oracle_seconds, case_seed, tol_dict, predicted)
+
+    violations += res.violations
+    messages += res.messages
+    if any(v in _NO_OUTPUTS or v in ("bad_outputs", "wrong_device") for v in res.violations):
+        return result()
+    outputs = res.outputs
     problems = check_outputs_shape(defn, outputs, bound)
     if problems:
-        return CaseResult(case.index, dict(case.axes), [], ["bad_outputs"], problems, False,
-                          impl_seconds, oracle_seconds, case_seed, tol_dict)
+        violations.append("bad_outputs")
+        messages.extend(problems)
+        return result()
 
     metrics = [compare(o, r, tol, s.name, rules) for o, r, s in zip(outputs, refs, defn.outputs)]
     del refs
     predicted = _predict(defn, outputs, inputs, tol, predictor) if predictor is not None else None
     for m in metrics:
         for reason in m.reasons:
-            if reason not in violations:
-                violations.append(reason)
+            violations.append(reason)
             messages.append(f"{m.name}: {reason} (max abs {m.max_abs:.3g}, matched {m.matched_ratio:.4%})")
+    numerics_passed = all(m.passed for m in metrics)
 
     if hygiene:
         after = [fingerprint(t) for t in inputs]
@@ -313,37 +429,67 @@ def run_case(defn: Definition, impl: Callable, case: Case, *, seed: int, device:
             if a != b:
                 violations.append("mutated_input")
                 messages.append(f"input {spec.name!r} was modified by the implementation")
-        for o_spec, o in zip(defn.outputs, outputs):
-            for i_spec, i in zip(defn.inputs, inputs):
-                if isinstance(i, torch.Tensor) and _overlaps(o, i):
-                    violations.append("aliased_output")
-                    messages.append(f"output {o_spec.name!r} shares memory with input {i_spec.name!r}")
-        # a second call on different inputs must give different outputs, and must not
-        # overwrite what the first call returned
+        for o_index, i_index in res.aliases:
+            violations.append("aliased_output")
+            messages.append(f"output {defn.outputs[o_index].name!r} shares memory with input "
+                            f"{defn.inputs[i_index].name!r}")
         first = [o.detach().clone() for o in outputs]
-        other = generate_inputs(defn, case.axes, seed=case_seed + 7_919_993, mode=mode, device=device)
-        try:
-            second = _as_tuple(impl(*other))
-            _sync(device)
-        except Exception as exc:  # noqa: BLE001
-            violations.append("raised")
-            messages.append(f"second call raised: {type(exc).__name__}: {exc}")
-            second = None
-        if second is not None and not check_outputs_shape(defn, second, bound):
-            # an all-zero answer is the same for any input: it is reported as all_zero, not
-            # as a cached result (that rule is for answers that are right once, then stale)
-            if "all_zero" not in violations and all(torch.equal(a.to(torch.float64).nan_to_num(1.5), b.to(torch.float64).nan_to_num(1.5))
-                   for a, b in zip(first, second)):
-                violations.append("cached_result")
-                messages.append("a second call with different inputs returned identical outputs")
-            if not all(torch.equal(a.nan_to_num(1.5), b.nan_to_num(1.5)) for a, b in zip(first, outputs)):
-                violations.append("output_reused")
-                messages.append("the second call overwrote the outputs returned by the first")
-        del other, second, first
+        _hygiene_calls(defn, runner, case, case_seed, mode, device, inputs, bound, first, reference, tol,
+                       rules, numerics_passed, "all_zero" in violations, deadline, expected,
+                       violations, messages)
+        # the first answer must still be what it was after all those calls
+        now = runner.recopy(first, deadline)
+        if now is not None and not _same(first, now):
+            violations.append("output_reused")
+            messages.append("a later call overwrote the outputs returned by the first")
+        del first, now
+    return result(metrics, predicted)
 
-    violations = list(dict.fromkeys(violations))
-    return CaseResult(case.index, dict(case.axes), metrics, violations, messages, not violations,
-                      impl_seconds, oracle_seconds, case_seed, tol_dict, predicted)
+
+def _hygiene_calls(defn, runner, case, case_seed, mode, device, inputs, bound, first, reference, tol, rules,
+                   numerics_passed, all_zero, deadline, expected, violations, messages) -> None:
+    """More calls, each of which must change the outputs: only the activations drawn anew,
+    then only the weights (the rest kept). A cache keyed on the weights hits on the first,
+    one keyed on the activations on the second, an answer cached under no key on both; a
+    cache keyed on every input never hits and returns fresh answers, which is fine. The
+    partial calls are compared with the oracle on their own inputs when the first call
+    passed: a stale answer that differs from the first is still wrong. An operator whose
+    inputs are all of one group gets one call with every input drawn anew instead."""
+    other = generate_inputs(defn, case.axes, seed=case_seed + 7_919_993, mode=mode, device=device)
+    groups = input_groups(defn)
+    calls = []
+    for name in ("activations", "weights"):
+        idx = set(groups[name])
+        if idx and len(idx) < len(inputs):
+            mixed = [other[i] if i in idx else inputs[i] for i in range(len(inputs))]
+            calls.append((f"only the {name} changed", mixed, True))
+    if len(calls) < 2:
+        calls = [("every input changed", other, False)]
+    for what, args, judge in calls:
+        res = runner.call(args, deadline=deadline, expected=expected)
+        if res.violations:
+            violations.extend(res.violations)
+            messages.extend(f"call with {what}: {m}" for m in res.messages)
+            if any(v in _NO_OUTPUTS for v in res.violations):
+                return
+            continue
+        if check_outputs_shape(defn, res.outputs, bound):
+            continue
+        # an all-zero answer is the same for any input: it is reported as all_zero, not
+        # as a cached result (that rule is for answers that are right once, then stale)
+        if not all_zero and _same(first, res.outputs):
+            violations.append("cached_result")
+            messages.append(f"a call with {what} returned identical outputs")
+            continue
+        if judge and numerics_passed:
+            refs = reference(*args)
+            bad = [m for m in (compare(o, r, tol, s.name, rules) for o, r, s in zip(res.outputs, refs, defn.outputs))
+                   if not m.passed]
+            if bad:
+                violations.append("cached_result")
+                messages.append(f"a call with {what} returned outputs that do not match the oracle on its inputs "
+                                f"({bad[0].name}: {', '.join(bad[0].reasons)}, matched {bad[0].matched_ratio:.4%}): "
+                                "a result cached on part of the inputs")
 
 
 # --------------------------------------------------------------------------- a whole check
@@ -360,6 +506,7 @@ class CheckReport:
     variant: str = "sol"
     against: str = "reference"
     rules: str = "fuseval"
+    isolated: bool = True           # the implementation ran in a worker process of its own
 
     @property
     def passed(self) -> bool:
@@ -407,12 +554,28 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
+def validate_selection(selection: Any, n: int) -> None:
+    """Reject a case selection that selects nothing or a case twice (``ValueError`` naming
+    the selection); the definition's parser does the rest."""
+    from .definitions import parse_selection
+    if selection is None or selection == "all":
+        return
+    if isinstance(selection, str) and not selection.strip(" ,"):
+        raise ValueError(f"case selection {selection!r} is empty; give indices such as '0,3,5-7' or 'all'")
+    idx = parse_selection(selection, n)
+    if not idx:
+        raise ValueError(f"case selection {list(selection)!r} selects no case (cases are 0..{n - 1})")
+    dup = sorted({i for i in idx if idx.count(i) > 1})
+    if dup:
+        raise ValueError(f"case selection {selection!r} selects case(s) {dup} more than once")
+
+
 def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
           cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
           seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
           progress: Callable[[CaseResult, int, int], None] | None = None,
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
-          predict: bool = True) -> CheckReport:
+          predict: bool = True, isolate: bool | None = None, timeout: float | None = None) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
 
     ``config``: "seed" (full size), "small" or another named scaled-down configuration.
@@ -422,28 +585,61 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``rules``: "fuseval" or "sol" (the benchmark's evaluator). ``predict``: also predict
     the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
     has a ``sol_reference`` and the check is not that prediction already.
+    ``isolate`` (default, None: ``isolation.ISOLATE``, True): the implementation runs in a worker process of its own
+    (:mod:`fuseval.isolation`) and is never imported here; False runs it in this process,
+    trusting it. A Python callable that cannot be sent to a worker (defined in
+    ``__main__``, a lambda) runs in this process with an :class:`IsolationWarning`.
+    ``timeout``: seconds each case may spend in the implementation (default
+    ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
+    timed out, the remaining cases are reported as timed out without being run.
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
+    from . import integrity, isolation
     if rules not in RULES:
         raise ValueError(f"rules: expected one of {', '.join(RULES)}, got {rules!r}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout)):
+        raise ValueError(f"timeout: expected a number of seconds >= 0 (0: none), got {timeout!r}")
     operator = _ops.get(op, config, variant)
     defn = operator.definition
     if impl == "reference":
         raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
                          "check 'reference_fp32' for the float32 reference, or another implementation")
-    fn = operator.implementation(impl)
+    validate_selection(cases, len(defn.seed_cases))
+    isolate = isolation.default_isolate(isolate)
+    if isolate:
+        ok, why = isolation.can_isolate(impl)
+        if not ok:
+            warnings.warn(isolation.IsolationWarning(
+                f"implementation {_ops.impl_label(impl)!r} runs in fuseval's own process (trusted): {why}"),
+                stacklevel=2)
+            isolate = False
+    dev = resolve_device(device)
+    if isolate:
+        runner: Any = isolation.worker_for(impl, defn, str(dev))
+        timeout = isolation.DEFAULT_TIMEOUT if timeout is None else timeout
+    else:
+        baseline = integrity.snapshot()       # before the implementation is imported
+        runner = Local(operator.implementation(impl), dev, baseline=baseline)
     reference = operator.implementation(against)
     predictor = None
     if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
             and (against, rules) != (SOL_REFERENCE, "sol"):
         predictor = operator.implementation(SOL_REFERENCE)
-    dev = resolve_device(device)
     results = []
     selected = defn.cases(cases)
+    timed_out = None
     for n, case in enumerate(selected):
-        result = run_case(defn, fn, case, seed=seed, device=dev, mode=mode, reference=reference,
-                          hygiene=hygiene, rules=rules, predictor=predictor)
+        if timed_out is not None:
+            tol = case.tolerance or defn.tolerance
+            result = CaseResult(case.index, dict(case.axes), [], ["timeout"],
+                                [f"not run: the implementation timed out on case {timed_out} of this run"],
+                                False, 0.0, 0.0, seed + case.index, asdict(tol))
+        else:
+            result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
+                              hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
+            if "timeout" in result.violations:
+                timed_out = case.index
         results.append(result)
         if progress:
             progress(result, n + 1, len(selected))
     return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
-                       asdict(defn.tolerance), results, defn.variant, against, rules)
+                       asdict(defn.tolerance), results, defn.variant, against, rules, isolated=bool(isolate))

@@ -8,13 +8,14 @@ bare traceback; ``FUSEVAL_DEBUG=1`` shows the traceback too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import sys
 import traceback
 
-from .errors import (EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_USAGE, FusevalError, NoDeviceError,
-                     UnknownOperatorError)
+from .errors import (EXIT_BROKEN_PIPE, EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_OUT_OF_MEMORY, EXIT_USAGE,
+                     FusevalError, NoDeviceError, UnknownOperatorError, is_out_of_memory)
 
 # name -> one-line help; the module fuseval.commands.<name> implements it
 COMMANDS = {
@@ -58,6 +59,11 @@ def _value_error_exit_code(exc: Exception) -> int | None:
     return None
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
 def _variant_scope(args):
     """The command's ``--variant`` in force for every operator it names (``--op all``: each
     operator must have that variant)."""
@@ -84,13 +90,25 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         with _variant_scope(args):
-            return int(handlers[args.command](args) or 0)
+            code = int(handlers[args.command](args) or 0)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # the reader went away (`fuseval list | head`): stop quietly; stdout goes to devnull
+        # so the interpreter's final flush does not complain either
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except FusevalError as exc:
         print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
     except Exception as exc:  # noqa: BLE001 - map known error kinds to exit codes
         if os.environ.get("FUSEVAL_DEBUG"):
             traceback.print_exc()
+        if is_out_of_memory(exc):
+            print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} "
+                  "(try a smaller --config or fewer --cases)", file=sys.stderr)
+            return EXIT_OUT_OF_MEMORY
         code = _value_error_exit_code(exc)
         if code is not None:
             print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)

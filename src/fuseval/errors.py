@@ -9,17 +9,29 @@ EXIT_UNKNOWN_OPERATOR = 3
 EXIT_IMPORT_ERROR = 4          # the implementation path does not import or is not callable
 EXIT_BAD_FILE = 5              # malformed budget / baseline / report file
 EXIT_NO_DEVICE = 6             # --device cuda without a GPU, or similar
+EXIT_OUT_OF_MEMORY = 7         # out of memory (the implementation's, or fuseval's at this size)
 EXIT_NONFINITE = 10            # an output had NaN/Inf the oracle does not have
 EXIT_BAD_OUTPUTS = 11          # wrong number, type, shape or dtype of outputs
 EXIT_IMPL_RAISED = 12          # the implementation raised
 EXIT_HYGIENE = 13              # mutated inputs, aliased outputs, cached or reused results
 EXIT_REGRESSION = 14           # baseline compare found a regression
+EXIT_TIMEOUT = 15              # the implementation did not return within the case's timeout
+EXIT_IMPL_DIED = 16            # the implementation ended its process: sys.exit, os._exit, a crash, a signal
+EXIT_TAMPERED = 17             # the implementation patched the functions a verdict relies on, or left threads running
 EXIT_INTERNAL = 70             # a bug in fuseval itself
+EXIT_BROKEN_PIPE = 141         # stdout was closed by its reader (`fuseval list | head`); the shell's code for SIGPIPE
 
 # violation name -> exit code; when several apply the highest-priority (first) wins
 VIOLATION_EXIT = (
+    ("tampered", EXIT_TAMPERED),
+    ("lingering_thread", EXIT_TAMPERED),
+    ("exited", EXIT_IMPL_DIED),
+    ("crashed", EXIT_IMPL_DIED),
+    ("timeout", EXIT_TIMEOUT),
+    ("out_of_memory", EXIT_OUT_OF_MEMORY),
     ("raised", EXIT_IMPL_RAISED),
     ("bad_outputs", EXIT_BAD_OUTPUTS),
+    ("wrong_device", EXIT_BAD_OUTPUTS),
     ("nonfinite", EXIT_NONFINITE),
     ("mutated_input", EXIT_HYGIENE),
     ("aliased_output", EXIT_HYGIENE),
@@ -52,6 +64,25 @@ class UnknownOperatorError(ValueError):
     """An operator name no definition file has; the CLI exits with EXIT_UNKNOWN_OPERATOR.
     (A ValueError, so callers of the Python API that catch bad input keep working.)"""
     exit_code = EXIT_UNKNOWN_OPERATOR
+
+
+class OutOfMemory(FusevalError):
+    """fuseval itself ran out of memory (the oracle, the inputs): the size that failed is
+    in the message; the CLI exits with EXIT_OUT_OF_MEMORY."""
+
+    def __init__(self, message: str):
+        super().__init__(message, EXIT_OUT_OF_MEMORY)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is an allocation failure (torch's CUDA OOM, a CPU allocator failure,
+    MemoryError)."""
+    if isinstance(exc, MemoryError):
+        return True
+    if type(exc).__name__ == "OutOfMemoryError":
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)
 
 
 class NoDeviceError(ValueError):

@@ -384,10 +384,17 @@ def _resolve_device(device: str | None) -> str:
                            "device; use --device cpu or a CPU profile (ci, thorough)", EXIT_NO_DEVICE) from None
 
 
-def _resolve_impl(op: str, impl: str | Callable, config: str) -> Callable:
+def _resolve_impl(op: str, impl: str | Callable, config: str, device: str = "cpu", isolate: bool = False) -> None:
+    """Fail early when the implementation does not import: isolated, by starting its worker
+    (which imports it there; the worker then serves the run), otherwise here."""
+    from .isolation import can_isolate, worker_for
     from .ops import ImplementationError, get
     try:
-        return get(op, config).implementation(impl)
+        operator = get(op, config)
+        if isolate and can_isolate(impl)[0]:
+            worker_for(impl, operator.definition, device)
+        else:
+            operator.implementation(impl)
     except ImplementationError as exc:
         raise FusevalError(f"{op}: {exc}", EXIT_IMPORT_ERROR) from exc
 
@@ -441,6 +448,8 @@ class _Context:
     out: str | None
     progress: Callable[[str], None]
     extra_seed_cases: str | None = None
+    isolate: bool = True
+    timeout: float | None = None
 
 
 def _component_check(ctx: _Context) -> ComponentResult:
@@ -455,7 +464,7 @@ def _component_check(ctx: _Context) -> ComponentResult:
     stats = check_over_seeds(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device,
                              seeds=ctx.seeds, mode=ctx.mode, hygiene=ctx.profile.hygiene,
                              warn_margin=ctx.warn_margin, extra_seed_cases=ctx.extra_seed_cases,
-                             progress=progress)
+                             progress=progress, isolate=ctx.isolate, timeout=ctx.timeout)
     verdict = stats.verdict
     status = "fail" if verdict == "fail" or (verdict == "warn" and ctx.strict) else verdict
     exit_code = EXIT_OK
@@ -503,6 +512,31 @@ def _component_check(ctx: _Context) -> ComponentResult:
                            result=stats)
 
 
+def _callable_for(ctx: _Context, config: str):
+    """The implementation as a component that calls it like a function sees it: a proxy to
+    its worker process (isolated), or the implementation itself."""
+    from .isolation import IsolatedImpl, can_isolate
+    if ctx.isolate and can_isolate(ctx.impl)[0]:
+        from .ops import get
+        proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)
+        proxy.mutant_name = getattr(ctx.impl, "mutant_name", None)
+        return proxy if proxy.mutant_name else _Labelled(proxy, ctx.impl_label)
+    return ctx.impl
+
+
+class _Labelled:
+    """A proxy that reports under the implementation's own label."""
+
+    def __init__(self, fn, label: str):
+        self._fn = fn
+        self.__module__, _, self.__qualname__ = (label.partition(":") if ":" in label else ("", "", label))
+        if hasattr(fn, "staged"):
+            self.staged = fn.staged
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+
 def _failure_text(failure: Any) -> str:
     """A readable line for a property failure of unknown shape."""
     if isinstance(failure, str):
@@ -535,8 +569,8 @@ def _report_data(report: Any) -> dict:
 
 def _component_properties(ctx: _Context) -> ComponentResult:
     import fuseval.properties as properties
-    result = _call(properties.check_implementation, ctx.op, ctx.impl, profile=ctx.profile.properties,
-                   device=ctx.device, progress=ctx.progress)
+    result = _call(properties.check_implementation, ctx.op, _callable_for(ctx, ctx.config),
+                   profile=ctx.profile.properties, device=ctx.device, progress=ctx.progress)
     passed = bool(getattr(result, "passed"))
     failures = list(getattr(result, "failures", None) or [])
     messages = [_failure_text(f) for f in failures]
@@ -591,7 +625,8 @@ def _component_budget(ctx: _Context) -> ComponentResult:
             raise FusevalError(f"{ctx.op}: budget {ctx.budget!r} is malformed or does not apply: {exc}",
                                EXIT_BAD_FILE) from exc
     report = _call(budget.run_budget, ctx.op, ctx.impl, config=ctx.budget_config, cases=ctx.budget_cases,
-                   device=ctx.device, seed=seed, mode=ctx.mode, budget=chosen, progress=progress)
+                   device=ctx.device, seed=seed, mode=ctx.mode, budget=chosen, progress=progress,
+                   isolate=ctx.isolate, timeout=ctx.timeout)
     passed = bool(getattr(report, "passed"))
     first = getattr(report, "first_over_budget", None)
     messages: list[str] = []
@@ -684,9 +719,11 @@ def _run_isolated(name: str, ctx: _Context) -> ComponentResult:
         result = _RUNNERS[name](ctx)
     except Exception as exc:  # noqa: BLE001 - one broken component must not hide the others
         from .ops import ImplementationError
+        from .errors import EXIT_OUT_OF_MEMORY, is_out_of_memory
         code = getattr(exc, "exit_code", None)
         if code is None:
-            code = EXIT_IMPORT_ERROR if isinstance(exc, ImplementationError) else EXIT_INTERNAL
+            code = EXIT_IMPORT_ERROR if isinstance(exc, ImplementationError) else \
+                EXIT_OUT_OF_MEMORY if is_out_of_memory(exc) else EXIT_INTERNAL
         tb = traceback.format_exc()
         msg = f"{name} raised {type(exc).__name__}: {exc}"
         result = ComponentResult(ctx.op, name, "error", msg.splitlines()[0][:300], exit_code=code,
@@ -711,13 +748,15 @@ def run_component(name: str, op: str, impl: str | Callable, *, profile: str | Pr
                   warn_margin: float | None = None, strict: bool = False,
                   budget_config: str | None = None, budget_cases: str | None = "profile",
                   budget: Any = None, out: str | None = None,
-                  progress: Callable[[str], None] | None = None) -> ComponentResult:
+                  progress: Callable[[str], None] | None = None, isolate: bool | None = None,
+                  timeout: float | None = None) -> ComponentResult:
     """Run one gate component on one operator (see :func:`run_gate` for the arguments)."""
     if name not in COMPONENTS:
         raise FusevalError(f"unknown gate component {name!r}; expected one of {', '.join(COMPONENTS)}")
     ctx = _context(op, impl, profile=profile, device=device, config=config, cases=cases, seeds=seeds,
                    mode=mode, warn_margin=warn_margin, strict=strict, budget_config=budget_config,
-                   budget_cases=budget_cases, budget=budget, out=out, progress=progress)
+                   budget_cases=budget_cases, budget=budget, out=out, progress=progress,
+                   isolate=isolate, timeout=timeout)
     return _run_isolated(name, ctx)
 
 
@@ -730,8 +769,10 @@ def _profile(profile: str | Profile) -> Profile:
 
 
 def _context(op, impl, *, profile, device, config, cases, seeds, mode, warn_margin, strict,
-             budget_config, budget_cases, budget, out, progress) -> _Context:
+             budget_config, budget_cases, budget, out, progress, isolate=None, timeout=None) -> _Context:
+    from .isolation import default_isolate
     from .ops import impl_label
+    isolate = default_isolate(isolate)
     from .stats import DEFAULT_WARN_MARGIN
     prof = _profile(profile)
     names = resolve_ops(op)
@@ -740,7 +781,12 @@ def _context(op, impl, *, profile, device, config, cases, seeds, mode, warn_marg
     op = names[0]
     dev = _resolve_device(device or prof.device)
     cfg = config or prof.config
-    _resolve_impl(op, impl, cfg)          # fail early, with exit code EXIT_IMPORT_ERROR
+    if seeds is not None and (isinstance(seeds, bool) or (isinstance(seeds, int) and seeds < 1)
+                              or (not isinstance(seeds, int) and not list(seeds))):
+        raise FusevalError(f"seeds: expected a number of seeds >= 1 (or a non-empty list), got {seeds!r}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0):
+        raise FusevalError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
+    _resolve_impl(op, impl, cfg, dev, isolate)      # fail early, with exit code EXIT_IMPORT_ERROR
     if mode not in ("benchmark", "realistic"):
         raise FusevalError(f"input mode must be 'benchmark' or 'realistic', got {mode!r}")
     if out:
@@ -753,7 +799,8 @@ def _context(op, impl, *, profile, device, config, cases, seeds, mode, warn_marg
                     budget_cases=prof.budget_cases if budget_cases == "profile" else budget_cases,
                     budget=budget, out=out, progress=progress or (lambda message: None),
                     # explicit --cases apply to every seed
-                    extra_seed_cases=prof.extra_seed_cases if cases is None else None)
+                    extra_seed_cases=prof.extra_seed_cases if cases is None else None,
+                    isolate=isolate, timeout=timeout)
 
 
 def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Profile = "ci",
@@ -762,7 +809,8 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
              components: Iterable[str] = COMPONENTS, warn_margin: float | None = None,
              strict: bool = False, budget_config: str | None = None, budget_cases: str | None = "profile",
              budget: Any = None, out: str | None = None,
-             progress: Callable[[str], None] | None = None) -> GateReport:
+             progress: Callable[[str], None] | None = None, isolate: bool | None = None,
+             timeout: float | None = None) -> GateReport:
     """Run the gate on one operator, several ("a,b", a list) or "all".
 
     ``impl``: a name of the operators' implementation tables ("fast", "torch"...),
@@ -772,7 +820,10 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     "check", "properties", "budget" to run. ``strict``: warnings fail. ``budget``: handed to
     :func:`fuseval.budget.run_budget` (a budget file or mapping). ``out``: a folder for
     junit.xml, gate.json, gate.md and the components' reports. ``progress(message)``:
-    called as work proceeds (the CLI prints these on stderr).
+    called as work proceeds (the CLI prints these on stderr). ``isolate`` (default): the
+    implementation runs in a worker process of its own in every component
+    (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False trusts it
+    and runs it in this process.
 
     Raises :class:`FusevalError` for bad input to the gate itself (unknown operator,
     profile or component, an implementation that does not import, no CUDA device)."""
@@ -783,10 +834,12 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     for c in components:
         if c not in COMPONENTS:
             raise FusevalError(f"unknown gate component {c!r}; expected one of {', '.join(COMPONENTS)}")
+    if not components:
+        raise FusevalError(f"the gate would run nothing: no component selected (of {', '.join(COMPONENTS)})")
     contexts = [_context(name, impl, profile=profile, device=device, config=config, cases=cases,
                          seeds=seeds, mode=mode, warn_margin=warn_margin, strict=strict,
                          budget_config=budget_config, budget_cases=budget_cases, budget=budget, out=out,
-                         progress=progress) for name in names]
+                         progress=progress, isolate=isolate, timeout=timeout) for name in names]
     results = []
     for ctx in contexts:
         for c in components:

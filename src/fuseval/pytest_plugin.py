@@ -27,8 +27,10 @@ with the summary when it fails; it returns the :class:`fuseval.gate.GateReport`:
         fuseval_check("nvfp4_qkv_rope", my_kernel, components=["check", "budget"])
 
 Options of both: ``--fuseval-profile`` (ci, thorough, gpu), ``--fuseval-components``,
-``--fuseval-cases``, ``--fuseval-seeds``, ``--fuseval-strict`` and ``--fuseval-out DIR``
-(reports; for the items also one ``junit.xml`` of the gate). The module imports nothing
+``--fuseval-cases``, ``--fuseval-seeds``, ``--fuseval-strict``, ``--fuseval-timeout``
+and ``--fuseval-out DIR`` (reports; for the items also one ``junit.xml`` of the gate).
+The items run the implementation in a worker process of its own (``--fuseval-in-process``
+trusts it instead); the fixture runs the callable it is given in the test's process. The module imports nothing
 heavy until a fuseval item or fixture runs, so it costs other test suites nothing.
 """
 from __future__ import annotations
@@ -62,6 +64,11 @@ def pytest_addoption(parser) -> None:
     group.addoption("--fuseval-seeds", default=None, type=int, help="seeds of the statistical check")
     group.addoption("--fuseval-strict", action="store_true", default=None, help="warnings fail")
     group.addoption("--fuseval-out", default=None, metavar="DIR", help="write the gate's reports here")
+    group.addoption("--fuseval-timeout", default=None, type=float, metavar="SECONDS",
+                    help="seconds each case may spend in the implementation (default: fuseval's, 300)")
+    group.addoption("--fuseval-in-process", action="store_true", default=None,
+                    help="run the implementation of the gate items in this process (trusting it) instead of "
+                         "a worker process of its own")
     parser.addini("fuseval_gate", type="linelist", default=[],
                   help="OP=IMPL pairs to collect as fuseval gate items")
     parser.addini("fuseval_profile", default="ci", help="fuseval gate profile (ci, thorough, gpu)")
@@ -70,6 +77,7 @@ def pytest_addoption(parser) -> None:
     parser.addini("fuseval_cases", default="", help="case subset of the fuseval check")
     parser.addini("fuseval_seeds", default="", help="seeds of the fuseval statistical check")
     parser.addini("fuseval_out", default="", help="folder for the fuseval gate's reports")
+    parser.addini("fuseval_timeout", default="", help="seconds each case may spend in the implementation")
 
 
 def pytest_configure(config) -> None:
@@ -94,9 +102,17 @@ def _settings(config) -> dict[str, Any]:
         seeds = int(seeds) if seeds is not None else None
     except ValueError:
         raise pytest.UsageError(f"fuseval_seeds must be an integer, got {seeds!r}") from None
+    timeout = _option(config, "timeout")
+    try:
+        timeout = float(timeout) if timeout is not None else None
+    except ValueError:
+        raise pytest.UsageError(f"fuseval_timeout must be a number of seconds, got {timeout!r}") from None
+    if seeds is not None and seeds < 1:
+        raise pytest.UsageError(f"fuseval seeds must be >= 1, got {seeds}")
     return {"profile": _option(config, "profile") or "ci", "components": names,
             "cases": _option(config, "cases"), "seeds": seeds,
-            "strict": bool(config.getoption("--fuseval-strict")), "out": _option(config, "out")}
+            "strict": bool(config.getoption("--fuseval-strict")), "out": _option(config, "out"),
+            "timeout": timeout, "isolate": False if config.getoption("--fuseval-in-process") else None}
 
 
 def _pairs(config) -> list[tuple[str, str]]:
@@ -125,7 +141,8 @@ class FusevalItem(pytest.Item):
         from .gate import run_component
         s = self.settings
         result = run_component(self.component, self.op, self.impl, profile=s["profile"], cases=s["cases"],
-                               seeds=s["seeds"], strict=s["strict"], out=s["out"])
+                               seeds=s["seeds"], strict=s["strict"], out=s["out"], timeout=s["timeout"],
+                               isolate=s["isolate"])
         self.result = self.config.stash.setdefault(_RESULTS, [])
         self.result.append(result)
         _raise_for(result)
@@ -202,14 +219,18 @@ def fuseval_check(request):
     its findings when it fails. Options are those of :func:`fuseval.gate.run_gate`
     (``profile``, ``components``, ``config``, ``cases``, ``seeds``, ``device``, ``strict``,
     ``out``...); defaults come from the ``--fuseval-*`` options / ini values. Returns the
-    :class:`~fuseval.gate.GateReport`."""
+    :class:`~fuseval.gate.GateReport`. The implementation runs in the test's own process
+    (``isolate=False``: it is already imported there, so it is trusted); pass
+    ``isolate=True`` to run it in a worker process of its own (it must then be importable
+    by name: a module-level function)."""
     settings = _settings(request.config)
 
     def run(op, impl, **options):
         from .gate import run_gate
-        for key in ("profile", "components", "cases", "seeds", "strict", "out"):
+        for key in ("profile", "components", "cases", "seeds", "strict", "out", "timeout"):
             if settings.get(key) is not None and key not in options:
                 options[key] = settings[key]
+        options.setdefault("isolate", False)
         report = run_gate(op, impl, **options)
         for c in report.components:
             if c.status == "warn":

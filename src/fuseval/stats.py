@@ -269,7 +269,8 @@ def stats_from_reports(reports: Sequence[Any], *, warn_margin: float = DEFAULT_W
 def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seeds: int | Sequence[int] = 3,
                      mode: str = "benchmark", hygiene: str | bool = "first",
                      warn_margin: float = DEFAULT_WARN_MARGIN, extra_seed_cases=None,
-                     progress: Callable[..., None] | None = None) -> StatsReport:
+                     progress: Callable[..., None] | None = None, isolate: bool | None = None,
+                     timeout: float | None = None) -> StatsReport:
     """Run :func:`fuseval.check.check` once per seed and judge the distribution.
 
     ``seeds``: a count (``seed_list(n)``) or explicit seeds. ``hygiene``: True (every seed),
@@ -278,11 +279,12 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
     ``extra_seed_cases``: the cases of the seeds after the first (default: ``cases``); a
     CPU gate repeats the small cases, whose matched ratio over few elements varies most,
     and leaves the slow large ones to the first seed.
-    ``progress(seed, result, done, total)`` is called after every case."""
+    ``progress(seed, result, done, total)`` is called after every case. ``isolate`` and
+    ``timeout``: as in :func:`fuseval.check.check` (one worker serves every seed)."""
     from .check import check
     seeds = seed_values(seeds)
     if not seeds:
-        raise ValueError("check_over_seeds needs at least one seed")
+        raise ValueError(f"seeds: expected at least one seed, got {seeds!r}")
     reports = []
     for k, s in enumerate(seeds):
         cb = None
@@ -291,5 +293,5 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
         use_hygiene = bool(hygiene) if hygiene != "first" else k == 0
         selection = cases if k == 0 or extra_seed_cases is None else extra_seed_cases
         reports.append(check(op, impl, config=config, cases=selection, device=device, seed=s, mode=mode,
-                             hygiene=use_hygiene, progress=cb))
+                             hygiene=use_hygiene, progress=cb, isolate=isolate, timeout=timeout))
     return stats_from_reports(reports, warn_margin=warn_margin)

@@ -32,6 +32,7 @@ import inspect
 import math
 import time
 import traceback
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,6 +42,7 @@ from .. import ops as _ops
 from ..check import poison_allocator, resolve_device
 from ..definitions import Definition
 from ..inputs import TORCH_DTYPES, generate_inputs
+from ..isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
 from .budgetfile import Allowance, Budget, load_budget
 from .metrics import error_metrics, final_metrics, finer, storage_precision
 from .naive import emulated_stages, round_to
@@ -124,7 +126,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _error_text(exc: BaseException) -> str:
-    return traceback.format_exception_only(type(exc), exc)[-1].strip()
+    from ..isolation import IsolationViolation, describe_exception
+    if isinstance(exc, IsolationViolation):
+        return str(exc)
+    line, where = describe_exception(exc)
+    return line + (f" (at {where})" if where else "")
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -203,6 +209,9 @@ class _CaseRunner:
 
         produced = self._production(inputs, oracle_out, e2e, seconds, messages)
         raised = produced is None
+        if produced is not None and e2e.impl and e2e.impl.get("tolerance_passed"):
+            raised |= self._timed(seconds, "hygiene", lambda: self._partial_cache(
+                case, seed, mode, inputs, produced, messages))
         if self.staged is not None:
             raised |= self._staged_passes(inputs, oracle_taps, oracle_out, produced, results, e2e, seconds,
                                           messages)
@@ -239,6 +248,38 @@ class _CaseRunner:
         except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict
             messages.append(f"implementation raised: {_error_text(exc)}")
             return None
+
+    def _partial_cache(self, case, seed: int, mode: str, inputs, produced, messages) -> bool:
+        """The forward once with only the activations and once with only the weights drawn
+        anew: each answer must differ from the first and match the oracle on its own inputs
+        (a result cached on part of the inputs would otherwise be measured as exact).
+        Returns True when one of them did not."""
+        from ..check import compare, input_groups
+        other = generate_inputs(self.defn, case.axes, seed=seed + 7_919_993, mode=mode, device=self.device)
+        bad = False
+        for name, idx in input_groups(self.defn).items():
+            idx = set(idx)
+            if not idx or len(idx) == len(inputs):
+                continue
+            mixed = [other[i] if i in idx else inputs[i] for i in range(len(inputs))]
+            try:
+                out = _as_tuple(self.forward(*mixed))
+            except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict
+                messages.append(f"implementation raised (call with only the {name} changed): {_error_text(exc)}")
+                return True
+            refs = _as_tuple(self.oracle(*mixed))
+            if all(torch.equal(a.to(torch.float64).nan_to_num(1.5), b.to(torch.float64).nan_to_num(1.5))
+                   for a, b in zip(out, produced)):
+                messages.append(f"cached_result: a call with only the {name} changed returned identical outputs")
+                bad = True
+                continue
+            wrong = [m for m in (compare(o, r, self.defn.tolerance, n) for o, r, n in zip(out, refs, self.out_names))
+                     if not m.passed]
+            if wrong:
+                messages.append(f"cached_result: a call with only the {name} changed does not match the oracle on its "
+                                f"inputs ({wrong[0].name}: matched {wrong[0].matched_ratio:.4%})")
+                bad = True
+        return bad
 
     def _precision_of(self, r: StageResult, tap: torch.Tensor) -> None:
         """Record the precision the implementation stores the stage in, and the precision
@@ -403,7 +444,8 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
                seed: int = 0, mode: str = "benchmark", budget: str | Mapping | Budget | None = None,
                progress: Callable[[BudgetCase, int, int], None] | None = None,
                baselines: bool = True, cpu_threads: int | None = None,
-               prefetch: int | None = None) -> BudgetReport:
+               prefetch: int | None = None, isolate: bool | None = None,
+               timeout: float | None = None) -> BudgetReport:
     """Per-stage error-budget report of ``impl`` on ``op``'s benchmark cases.
 
     ``impl``: a name of the operator's table ("fast", "torch", "reference_fp32"...),
@@ -418,14 +460,20 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     ``prefetch``: how many cases' inputs to draw ahead on worker threads (default 3 on a
     GPU, none on the CPU).
 
+    ``isolate`` (default): the implementation runs in a worker process of its own
+    (:mod:`fuseval.isolation`; its stage taps come back through shared memory), each call
+    within ``timeout`` seconds; a call that ends without outputs (timeout, exit, crash,
+    tampering) makes the case fail as raised, with the violation in its messages.
+
     Case i uses inputs drawn with seed + i, like ``fuseval check``."""
     operator = _ops.get(op, config)
     defn = operator.definition
     bud = load_budget(budget if budget is not None else defn.name, defn)
-    fn = operator.implementation(impl)
-    staged = staged_of(defn, impl, fn)
-    torch_impl = operator.implementation("torch") if baselines and "torch" in defn.implementations else None
     dev = resolve_device(device)
+    fn = _implementation(operator, impl, dev, isolate, timeout)
+    staged = fn.staged if isinstance(fn, IsolatedImpl) and hasattr(fn, "staged") else \
+        None if isinstance(fn, IsolatedImpl) else staged_of(defn, impl, fn)
+    torch_impl = operator.implementation("torch") if baselines and "torch" in defn.implementations else None
     runner = _CaseRunner(defn, bud, fn, staged, torch_impl, dev, baselines)
     selected = defn.cases(cases)
     results = []
@@ -472,6 +520,19 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         stages=runner.stages, stage_parents={k: v for k, v in runner.parents.items() if v},
         staged=staged is not None, cases=results, seconds=time.perf_counter() - t0,
         torch_version=torch.__version__)
+
+
+def _implementation(operator, impl, dev: torch.device, isolate: bool, timeout: float | None):
+    """The implementation as the runner calls it: a proxy to its worker process, or (not
+    isolated, or a Python object a worker cannot import) the callable itself."""
+    if default_isolate(isolate):
+        ok, why = can_isolate(impl)
+        if ok:
+            return IsolatedImpl(impl, operator.definition, str(dev),
+                                DEFAULT_TIMEOUT if timeout is None else timeout)
+        warnings.warn(IsolationWarning(f"implementation {_ops.impl_label(impl)!r} runs in fuseval's own "
+                                       f"process (trusted): {why}"), stacklevel=3)
+    return operator.implementation(impl)
 
 
 def _budget_summary(bud: Budget) -> dict[str, Any]:

@@ -30,6 +30,8 @@ def add_arguments(p) -> None:
     add_variant_argument(s)
     s.add_argument("--no-stages", action="store_true", help="leave out the budget's per-stage metrics")
     s.add_argument("--no-latency", action="store_true", help="leave out latencies (measured on CUDA only)")
+    from . import add_isolation_arguments
+    add_isolation_arguments(s)
     s.add_argument("--out", default="baselines",
                    help="a .json file (one operator) or a folder for <op>.<config>.<device>.json "
                         "(default: %(default)s)")
@@ -48,6 +50,7 @@ def add_arguments(p) -> None:
     c.add_argument("--json", default=None, metavar="PATH", help="also write the comparison as JSON")
     c.add_argument("--save-current", default=None, metavar="PATH",
                    help="also write the current measurement as a baseline file")
+    add_isolation_arguments(c)
 
 
 def _progress(message: str) -> None:
@@ -65,10 +68,13 @@ def _save(args) -> int:
     if to_file and len(names) > 1:
         raise FusevalError(f"--out {args.out!r} is one file but {len(names)} operators were asked for; "
                            "give a folder")
+    from . import writable_file, writable_folder
+    (writable_file if to_file else writable_folder)(args.out, "--out")
     for name in names:
         doc = baseline.collect(name, args.impl, config=args.config, cases=args.cases, device=args.device,
                                seeds=args.seeds, mode=args.mode, stages=False if args.no_stages else None,
-                               latency=False if args.no_latency else None, progress=_progress)
+                               latency=False if args.no_latency else None, progress=_progress,
+                               isolate=False if args.in_process else None, timeout=args.timeout)
         path = args.out if to_file else baseline.default_path(name, doc["config"], doc["device"], args.out)
         baseline.save(doc, path)
         failing = [k for k, c in doc["cases"].items() if not c["passed"]]
@@ -87,6 +93,10 @@ def _compare(args) -> int:
                            f"got {len(args.current)}")
     options = {k: v for k, v in (("factor", args.factor), ("k", args.k), ("slowdown", args.slowdown))
                if v is not None}
+    from . import writable_file
+    for what, path in (("--markdown", args.markdown), ("--json", args.json), ("--save-current", args.save_current)):
+        if path and not (what == "--save-current" and len(args.baseline) > 1):
+            writable_file(path, what)
     comparisons = []
     for i, path in enumerate(args.baseline):
         base = baseline.load(path)
@@ -100,7 +110,15 @@ def _compare(args) -> int:
                     seeds=base["seeds"], mode=base["mode"],
                     # per-stage metrics only when the baseline has them (and the budget is there)
                     stages=None if "budget" in base.get("sources", []) else False,
-                    latency=None, progress=_progress)
+                    latency=None, progress=_progress, isolate=False if args.in_process else None, timeout=args.timeout)
+            failed = _implementation_failed(current)
+            if failed is not None:
+                code, lines = failed
+                for line in lines:
+                    print(f"fuseval baseline: {line}", file=sys.stderr)
+                print(f"fuseval baseline compare: the implementation failed on {base['op']} (not a regression "
+                      "of its numbers); exit code {code}".replace("{code}", str(code)), file=sys.stderr)
+                return code
             if args.save_current:
                 baseline.save(current, args.save_current if len(args.baseline) == 1 else
                               baseline.default_path(base["op"], base["config"], current["device"], args.save_current))
@@ -117,6 +135,24 @@ def _compare(args) -> int:
         with open(args.json, "w") as f:
             json.dump([c.to_dict() for c in comparisons], f, indent=1)
     return EXIT_REGRESSION if any(not c.passed for c in comparisons) else 0
+
+
+# violations that mean the implementation gave no numbers to compare
+_IMPL_FAILED = ("tampered", "lingering_thread", "exited", "crashed", "timeout", "out_of_memory", "raised",
+                "bad_outputs", "wrong_device")
+
+
+def _implementation_failed(doc) -> tuple[int, list[str]] | None:
+    """(exit code, messages) when a case of a measurement failed because of the implementation
+    itself (raised, crashed, wrong outputs...), else None."""
+    from ..errors import exit_code_for
+    found, lines = [], []
+    for key, case in doc.get("cases", {}).items():
+        bad = [v for v in case.get("violations", []) if v in _IMPL_FAILED]
+        if bad:
+            found += bad
+            lines += [f"case {key}: {m}" for m in case.get("messages", [])[:2]] or [f"case {key}: {', '.join(bad)}"]
+    return (exit_code_for(found), lines[:8]) if found else None
 
 
 def run(args) -> int:

@@ -24,7 +24,7 @@ from . import add_common_arguments
 
 
 def add_arguments(p) -> None:
-    add_common_arguments(p, impl_default=None, config_default="seed")
+    add_common_arguments(p, config_default="seed", impl=False)
     p.set_defaults(device="cuda", seed=None)
     p.add_argument("--impls", default=None,
                    help="comma-separated implementations to time (default: every entry of the "

@@ -57,14 +57,16 @@ def run(args) -> int:
     from ..definitions import load
     from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK, FusevalError
 
+    from . import writable_folder
     defn = load(args.op)                     # unknown operator -> its own exit code, before the budget
+    writable_folder(args.out or ("." if (args.html or args.markdown) else None), "--out")
     try:
         budget = load_budget(args.budget if args.budget else defn.name, defn)
     except ValueError as exc:
         raise FusevalError(str(exc), EXIT_BAD_FILE) from None
     report = run_budget(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                         seed=args.seed, mode=args.mode, budget=budget, progress=_Progress(),
-                        baselines=not args.no_baselines)
+                        baselines=not args.no_baselines, isolate=False if args.in_process else None, timeout=args.timeout)
     print(report.to_markdown())
     out = args.out
     if out is None and (args.html or args.markdown):

@@ -29,12 +29,17 @@ def run(args) -> int:
     from ..check import check
     from ..errors import exit_code_for
     from ..report import case_progress, print_check_report
+    from . import writable_file
 
+    writable_file(args.json, "--json")
     report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                    seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
                    progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
-                   predict=not args.no_predict)
+                   predict=not args.no_predict, isolate=False if args.in_process else None, timeout=args.timeout)
     print_check_report(report)
+    if not report.isolated:
+        print("note: the implementation ran in fuseval's own process (--in-process): the verdict trusts it",
+              file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=1, default=str)

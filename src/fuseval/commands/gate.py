@@ -30,9 +30,11 @@ def add_arguments(p) -> None:
     p.add_argument("--out", default="gate-report",
                    help="folder for junit.xml, gate.json, gate.md and the reports (default: %(default)s)")
     p.add_argument("--config", default=None, help="override the profile's configuration (small, seed...)")
-    p.add_argument("--device", default=None, help="override the profile's device (cpu, cuda)")
-    p.add_argument("--cases", default=None, help="case subset of the check, e.g. '0,3,5-7'")
-    p.add_argument("--seeds", type=int, default=None, help="number of seeds of the check (profile: 3 or 5)")
+    from . import add_isolation_arguments, parse_cases, parse_device, parse_seeds
+    p.add_argument("--device", default=None, type=parse_device, help="override the profile's device (cpu, cuda)")
+    p.add_argument("--cases", default=None, type=parse_cases, help="case subset of the check, e.g. '0,3,5-7'")
+    p.add_argument("--seeds", type=parse_seeds, default=None, help="number of seeds of the check, >= 1 (profile: 3 or 5)")
+    add_isolation_arguments(p)
     p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
                    help="input distribution (default: %(default)s)")
     p.add_argument("--budget", default=None, metavar="FILE",
@@ -60,10 +62,14 @@ def _check_budget_file(path: str) -> None:
 def run(args) -> int:
     from ..errors import FusevalError
     from ..gate import COMPONENTS, run_gate, stderr_progress
+    from . import writable_folder
     skip = [s.strip() for s in args.skip.split(",") if s.strip()]
     for s in skip:
         if s not in COMPONENTS:
             raise FusevalError(f"--skip {s!r}: expected a comma list of {', '.join(COMPONENTS)}")
+    if all(c in skip for c in COMPONENTS):
+        raise FusevalError(f"--skip {args.skip!r} skips every component: the gate would run nothing")
+    writable_folder(args.out, "--out")
     if args.budget:
         _check_budget_file(args.budget)
     budget_cases = None if args.budget_cases == "all" else args.budget_cases
@@ -71,6 +77,7 @@ def run(args) -> int:
                       cases=args.cases, seeds=args.seeds, mode=args.mode,
                       components=[c for c in COMPONENTS if c not in skip], warn_margin=args.warn_margin,
                       strict=args.strict, budget_cases=budget_cases, budget=args.budget, out=args.out,
-                      progress=None if args.quiet else stderr_progress(sys.stderr))
+                      progress=None if args.quiet else stderr_progress(sys.stderr),
+                      isolate=False if args.in_process else None, timeout=args.timeout)
     report.print_summary()
     return report.exit_code

@@ -1,0 +1,699 @@
+"""Running an implementation in a process of its own.
+
+An implementation under test runs in fuseval's process only with ``--in-process``. By
+default it runs in a **worker**: a spawned Python process that imports the implementation
+(fuseval's process never does), receives each call's inputs through shared memory, and
+copies the outputs into buffers fuseval allocated in shared memory. The oracle, the
+comparison and the verdict are computed only in fuseval's process, which reads nothing
+from the worker but those buffers and a small JSON message per call, so an implementation
+cannot replace the comparison, read the oracle's outputs, or end fuseval's process. What
+the worker does in the implementation's place:
+
+* each call has a deadline (``timeout``): past it the worker is killed and the call's
+  verdict is ``timeout``;
+* ``sys.exit`` in a call is ``exited``; a worker that ends while a call runs
+  (``os._exit``, a crash, a signal) is ``exited`` or ``crashed``, with its exit status;
+  the next call starts a fresh worker;
+* after every call, :mod:`fuseval.integrity`: patched comparison / torch functions
+  (``tampered``) and threads left running (``lingering_thread``);
+* outputs must be exactly ``torch.Tensor`` on the device of the check (``bad_outputs``,
+  ``wrong_device``), reported before anything is copied.
+
+On the CPU the tensors travel as torch shared-memory storages (``share_memory_``); on CUDA
+through CUDA IPC (``torch.multiprocessing``): the buffers are allocated on the device by
+fuseval and written by the worker. One worker serves one implementation for a whole run
+(``session()``, which the gate opens; otherwise a worker lives until its process exits),
+so the implementation is imported once; every case still gets fresh inputs.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import math
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+import traceback
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+__all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
+           "session", "close_all", "can_isolate", "impl_error_location"]
+
+# seconds a case may take in the implementation (every call of the case together); the
+# first call of a GPU kernel includes its compilation
+DEFAULT_TIMEOUT = 300.0
+# whether check, the gate, the budget and baselines isolate when not told (``isolate=None``);
+# the CLI says True unless --in-process. fuseval's own test suite sets it to False for the
+# tests of the rules themselves, and runs the isolated path in tests/test_hostile.py
+ISOLATE = True
+
+
+def default_isolate(isolate: bool | None) -> bool:
+    return ISOLATE if isolate is None else bool(isolate)
+
+
+# seconds to start a worker and import the implementation
+START_TIMEOUT = 180.0
+_MAX_WORKERS = 6
+
+
+class IsolationWarning(UserWarning):
+    """An implementation given as a Python object that cannot be sent to a worker runs in
+    fuseval's own process instead (it is trusted)."""
+
+
+def impl_error_location(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of an exception outside fuseval and torch (the
+    implementation's own line), or of the innermost frame when there is none."""
+    while exc.__cause__ is not None:        # a wrapped error: where the original was raised
+        exc = exc.__cause__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return ""
+    here = os.path.dirname(os.path.abspath(__file__))
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(here + os.sep)
+            and f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith("<frozen")]
+    f = (mine or frames)[-1]
+    return f"{f.filename}:{f.lineno}"
+
+
+def describe_exception(exc: BaseException) -> tuple[str, str]:
+    """(one line "Type: message", "file:line") of an implementation's exception."""
+    line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return line, impl_error_location(exc)
+
+
+def _is_oom(exc: BaseException) -> bool:
+    from .errors import is_out_of_memory
+    return is_out_of_memory(exc)
+
+
+# --------------------------------------------------------------------------- the worker (child)
+def _describe(o: Any, device: str, input_spans: list[tuple[int, int, int]]) -> dict[str, Any]:
+    import torch
+    if type(o) is not torch.Tensor:
+        kind = "tensor_subclass" if isinstance(o, torch.Tensor) else "not_tensor"
+        return {"kind": kind, "type": f"{type(o).__module__}.{type(o).__qualname__}"}
+    d: dict[str, Any] = {"kind": "tensor", "shape": [int(s) for s in o.shape],
+                         "dtype": str(o.dtype).replace("torch.", ""), "device": str(o.device)}
+    if o.device.type == "cuda" and device == "cuda":
+        d["device"] = "cuda"
+    s = o.untyped_storage()
+    lo, hi = s.data_ptr(), s.data_ptr() + s.nbytes()
+    d["aliases"] = [i for i, (dev_i, a, b) in enumerate(input_spans)
+                    if dev_i == hash(str(o.device)) and a < hi and lo < b and hi > lo and b > a]
+    return d
+
+
+def _tensor_spans(inputs) -> list[tuple[int, int, int]]:
+    import torch
+    spans = []
+    for t in inputs:
+        if isinstance(t, torch.Tensor):
+            s = t.untyped_storage()
+            spans.append((hash(str(t.device)), s.data_ptr(), s.data_ptr() + s.nbytes()))
+        else:
+            spans.append((0, 0, 0))
+    return spans
+
+
+def _child_main(conn, threads: int) -> None:
+    """The worker's loop. Messages in: pickled tuples (from fuseval, trusted); replies out:
+    JSON bytes (read by fuseval as data, never unpickled)."""
+    sys.stdout = sys.stderr          # the implementation's prints must not mix into fuseval's stdout
+    import torch
+    import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions
+    from . import integrity
+    from .check import poison_allocator
+    torch.set_num_threads(max(1, int(threads)))
+    baseline = integrity.snapshot()     # before the implementation is imported
+    state: dict[str, Any] = {"fn": None, "staged": None, "kept": None}
+
+    def reply(obj: dict) -> None:
+        conn.send_bytes(json.dumps(obj).encode())
+
+    def guarded(thunk: Callable[[], Any]) -> tuple[dict | None, Any]:
+        """Run implementation code: (failure reply or None, result)."""
+        try:
+            return None, thunk()
+        except SystemExit as exc:
+            return {"status": "exited", "code": exc.code if isinstance(exc.code, int) else 1,
+                    "error": f"the implementation called sys.exit({exc.code!r})"}, None
+        except BaseException as exc:  # noqa: BLE001 - any failure of the implementation is a verdict
+            line, where = describe_exception(exc)
+            return {"status": "raised", "error": line, "where": where, "oom": _is_oom(exc),
+                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}, None
+
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        kind = msg[0]
+        if kind == "quit":
+            return
+        if kind == "load":
+            _, impl, defn, path, cwd = msg
+            # the caller's search path and folder, as they are now (a spare worker was
+            # started before the caller chose them)
+            sys.path[:] = list(path)
+            with contextlib.suppress(OSError):
+                os.chdir(cwd)
+            from .ops import resolve_impl
+            failure, fn = guarded(lambda: resolve_impl(defn, impl))
+            if failure is not None:
+                reply({**failure, "cause": failure["status"], "status": "load_failed"})
+                continue
+            from .budget.runner import staged_of
+            state["fn"], state["staged"] = fn, staged_of(defn, impl, fn)
+            reply({"status": "loaded", "staged": state["staged"] is not None,
+                   "tampered": integrity.changed(baseline)})
+            continue
+        if kind == "call":
+            req = msg[1]
+            inputs = req["inputs"]
+            torch.set_num_threads(max(1, int(req.get("threads", 1))))
+            dev = torch.device(req["device"])
+            if req.get("poison"):
+                poison_allocator(dev, int(req["poison"]))
+            before = integrity.threads()
+            taps: dict[str, Any] = {}
+            t0 = time.perf_counter()
+            if req["which"] == "staged":
+                from .budget.runner import _TapsUntil, _StageReached
+                taps = _TapsUntil(req.get("stop"))
+
+                def thunk():
+                    try:
+                        return state["staged"](*inputs, taps=taps, override=dict(req.get("override") or {}))
+                    except _StageReached:
+                        return None
+            else:
+                def thunk():
+                    return state["fn"](*inputs)
+            failure, out = guarded(lambda: (thunk(), torch.cuda.synchronize(dev) if dev.type == "cuda" else None)[0])
+            seconds = time.perf_counter() - t0
+            integ = {"tampered": integrity.changed(baseline), "threads": integrity.new_threads(before)}
+            if failure is not None:
+                failure.update(integ, seconds=seconds)
+                reply(failure)
+                continue
+            spans = _tensor_spans(inputs)
+            if out is None and req["which"] == "staged":
+                outs, shape = [], "none"
+            elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
+                outs, shape = [out], "tensor"
+            elif isinstance(out, (tuple, list)):
+                outs, shape = list(out), "sequence"
+            else:
+                outs, shape = [], "other"
+            described = [_describe(o, req["device"], spans) for o in outs]
+            tap_items = [(k, v) for k, v in dict.items(taps)]
+            tap_desc = [(k, _describe(v, req["device"], spans)) for k, v in tap_items]
+            tname = type(out).__qualname__ if type(out).__module__ == "builtins" else \
+                f"{type(out).__module__}.{type(out).__qualname__}"
+            reply({"status": "ok", "seconds": seconds, "shape": shape, "type": tname,
+                   "outputs": described, "taps": tap_desc, **integ})
+            fill = conn.recv()
+            if fill[0] != "fill":
+                continue
+            _, out_bufs, tap_bufs = fill
+            for buf, o in zip(out_bufs, outs):
+                if buf is not None:
+                    buf.copy_(o)
+            for buf, (_, v) in zip(tap_bufs, tap_items):
+                if buf is not None:
+                    buf.copy_(v)
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            if req.get("keep"):
+                state["kept"] = outs
+            del out, outs, taps, tap_items, inputs, fill, out_bufs, tap_bufs
+            reply({"status": "filled"})
+            continue
+        if kind == "recopy":
+            bufs = msg[1]
+            kept = state["kept"] or []
+            for buf, o in zip(bufs, kept):
+                if buf is not None:
+                    buf.copy_(o)
+            if kept and any(getattr(o, "is_cuda", False) for o in kept):
+                torch.cuda.synchronize()
+            state["kept"] = None
+            reply({"status": "filled"})
+            continue
+
+
+# --------------------------------------------------------------------------- the parent side
+@dataclass
+class CallResult:
+    """One call of the implementation in its worker, as fuseval's process sees it."""
+    status: str                       # ok | raised | exited | crashed | timeout | bad
+    outputs: Any = None               # a tuple of plain tensors (status ok), or what check_outputs_shape reads
+    taps: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    violations: list[str] = field(default_factory=list)
+    messages: list[str] = field(default_factory=list)
+    aliases: list[tuple[int, int]] = field(default_factory=list)   # (output index, input index)
+    where: str = ""                   # file:line of an exception
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+class _Opaque:
+    """Stands in for an output that is not a tensor, so the shape check names its type."""
+
+    def __init__(self, type_name: str):
+        self.type_name = type_name
+
+
+def _dtype(name: str):
+    import torch
+    d = getattr(torch, str(name), None)
+    return d if isinstance(d, torch.dtype) else None
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+class Worker:
+    """A spawned process that serves calls of one implementation of one operator."""
+
+    def __init__(self, impl: Any, defn: Any, device: str, *, threads: int | None = None):
+        self.impl, self.defn, self.device = impl, defn, str(device)
+        self.threads = threads
+        self.proc = None
+        self.conn = None
+        self.staged = False
+        self.load_tampered: list[str] = []
+
+    # ---- life cycle
+    def spawn(self) -> None:
+        """Start the process (it imports torch and fuseval while the caller goes on)."""
+        import torch
+        import torch.multiprocessing as tmp
+        ctx = tmp.get_context("spawn")
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=_child_main, args=(child, self.threads or torch.get_num_threads()),
+                           daemon=True, name="fuseval-worker")
+        # the worker must not re-run the caller's main script (a script without a main guard
+        # would recurse): it needs fuseval and the implementation, nothing of __main__
+        main = sys.modules.get("__main__")
+        sys.modules["__main__"] = type(sys)("__main__")
+        try:
+            proc.start()
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
+        child.close()
+        self.proc, self.conn = proc, parent
+
+    def start(self) -> None:
+        """A process with the implementation imported: the spare one if there is one."""
+        spare = _take_spare()
+        if spare is not None:
+            self.proc, self.conn = spare.proc, spare.conn
+        else:
+            self.spawn()
+        _make_spare()
+        self.conn.send(("load", self.impl, self.defn, list(sys.path), os.getcwd()))
+        reply = self._receive(time.monotonic() + START_TIMEOUT)
+        if reply.get("status") == "loaded":
+            self.staged = bool(reply.get("staged"))
+            self.load_tampered = [str(x) for x in reply.get("tampered", [])][:20]
+            return
+        from .ops import ImplementationError
+        self.kill()
+        if reply.get("status") == "load_failed":
+            raise ImplementationError(f"implementation {_label(self.impl)!r} does not load: "
+                                      f"{reply.get('error')}" + (f" (at {reply['where']})" if reply.get("where") else ""))
+        raise ImplementationError(f"implementation {_label(self.impl)!r}: its worker process ended while "
+                                  f"importing it ({reply.get('error', reply.get('status'))})")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.is_alive()
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.kill()
+            with contextlib.suppress(Exception):
+                self.proc.join(5)
+        if self.conn is not None:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+        self.proc = self.conn = None
+
+    def close(self) -> None:
+        if self.alive():
+            with contextlib.suppress(Exception):
+                self.conn.send(("quit",))
+            self.proc.join(2)
+        self.kill()
+
+    # ---- messages
+    def _receive(self, deadline: float | None) -> dict:
+        """The next reply; a dead worker, a deadline passed or a reply that is not fuseval's
+        JSON become replies with status crashed / exited / timeout / bad."""
+        wait = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            ready = self.conn.poll(wait)
+        except (EOFError, OSError):
+            ready = True
+        if not ready:
+            self.kill()
+            return {"status": "timeout"}
+        try:
+            data = self.conn.recv_bytes(1 << 22)
+        except (EOFError, OSError):
+            self.proc.join(5)
+            code = self.proc.exitcode
+            self.kill()
+            if code is not None and code < 0:
+                return {"status": "crashed", "error": f"the implementation's process was killed by {_signal_name(code)}"}
+            return {"status": "exited", "code": code,
+                    "error": f"the implementation's process ended with exit status {code} during the call"}
+        try:
+            reply = json.loads(data.decode())
+            if not isinstance(reply, dict):
+                raise ValueError("not an object")
+            return reply
+        except (ValueError, UnicodeDecodeError):
+            self.kill()
+            return {"status": "bad", "error": "the worker sent a reply that is not fuseval's (the implementation "
+                                              "wrote into fuseval's channel)"}
+
+    def call(self, inputs: Sequence[Any], *, which: str = "forward", override: Mapping[str, Any] | None = None,
+             stop: str | None = None, keep: bool = False, poison: int = 0, deadline: float | None = None,
+             want_taps: bool = False, expected: Sequence[tuple[tuple[int, ...] | None, Any]] | None = None
+             ) -> CallResult:
+        """Call the implementation on ``inputs``; ``expected``: (shape, dtype) per output, to
+        bound what fuseval allocates for a malformed answer."""
+        import torch
+        if not self.alive():
+            self.start()
+        shared = [_share(t) for t in inputs]
+        req = {"inputs": shared, "which": which, "override": {k: _share(v) for k, v in (override or {}).items()},
+               "stop": stop, "keep": keep, "poison": int(poison), "device": self.device,
+               "threads": torch.get_num_threads()}
+        try:
+            self.conn.send(("call", req))
+        except (OSError, BrokenPipeError):
+            self.kill()
+            self.start()
+            self.conn.send(("call", req))
+        reply = self._receive(deadline)
+        res = CallResult(str(reply.get("status")), seconds=float(reply.get("seconds") or 0.0))
+        self._integrity(reply, res)
+        status = res.status
+        if status == "timeout":
+            res.violations.append("timeout")
+            res.messages.append("the implementation did not return before the case's timeout; its process was killed")
+            return res
+        if status in ("exited", "crashed"):
+            res.violations.append(status)
+            res.messages.append(str(reply.get("error")))
+            return res
+        if status == "raised":
+            res.error, res.where = str(reply.get("error")), str(reply.get("where") or "")
+            res.violations.append("out_of_memory" if reply.get("oom") else "raised")
+            res.messages.append(f"implementation raised: {res.error}" + (f" (at {res.where})" if res.where else ""))
+            return res
+        if status != "ok":
+            res.status = "bad"
+            res.violations.append("tampered")
+            res.messages.append(str(reply.get("error", "the worker's reply was not understood")))
+            return res
+        outs = reply.get("outputs") or []
+        out_bufs, outputs = [], []
+        limit = _limit(expected)
+        for i, d in enumerate(outs):
+            buf, placeholder = self._buffer(d, f"output {i}", res, limit)
+            out_bufs.append(buf)
+            outputs.append(buf if buf is not None else placeholder)
+            for j in d.get("aliases", []) if isinstance(d, dict) else []:
+                res.aliases.append((i, int(j)))
+        tap_bufs, tap_names = [], []
+        for item in (reply.get("taps") or []) if want_taps else []:
+            name, d = str(item[0]), item[1]
+            buf, _ = self._buffer(d, f"tap {name!r}", res, 1 << 34)
+            tap_bufs.append(buf)
+            tap_names.append(name)
+        self.conn.send(("fill", out_bufs, tap_bufs))
+        done = self._receive(deadline)
+        if done.get("status") != "filled":
+            return self.call_failed(done, res)
+        shape = reply.get("shape")
+        if shape == "tensor":
+            res.outputs = (outputs[0],)
+        elif shape == "sequence":
+            res.outputs = tuple(outputs)
+        elif shape == "none":
+            res.outputs = None
+        else:
+            res.outputs = _Opaque(str(reply.get("type")))
+            res.violations.append("bad_outputs")
+            res.messages.append(f"implementation returned {reply.get('type')}, expected a tuple of "
+                                f"{len(self.defn.outputs)} tensors ({', '.join(self.defn.output_names)})")
+        res.taps = {n: b for n, b in zip(tap_names, tap_bufs) if b is not None}
+        return res
+
+    def call_failed(self, done: dict, res: CallResult) -> CallResult:
+        res.status = str(done.get("status"))
+        name = {"timeout": "timeout", "crashed": "crashed", "exited": "exited"}.get(res.status, "tampered")
+        res.violations.append(name)
+        res.messages.append(str(done.get("error") or f"the worker failed while handing back the outputs ({res.status})"))
+        res.outputs = None
+        return res
+
+    def recopy(self, expected_like: Sequence[Any], deadline: float | None) -> list | None:
+        """The previous call's outputs (kept in the worker) copied again, into fresh buffers
+        shaped like ``expected_like``: what the implementation's first answer holds now."""
+        import torch
+        bufs = [_alloc(tuple(t.shape), t.dtype, self.device) if isinstance(t, torch.Tensor) else None
+                for t in expected_like]
+        self.conn.send(("recopy", bufs))
+        done = self._receive(deadline)
+        return bufs if done.get("status") == "filled" else None
+
+    def _integrity(self, reply: dict, res: CallResult) -> None:
+        tampered = [str(x) for x in (reply.get("tampered") or [])][:20] or self.load_tampered
+        if tampered:
+            res.violations.append("tampered")
+            res.messages.append("the implementation replaced functions a verdict relies on: " + ", ".join(tampered[:8]))
+        threads = [str(x) for x in (reply.get("threads") or [])][:20]
+        if threads:
+            res.violations.append("lingering_thread")
+            res.messages.append("the implementation left threads running after it returned: " + ", ".join(threads[:8]))
+
+    def _buffer(self, d: Any, what: str, res: CallResult, limit: int):
+        """A shared buffer for one described tensor, or (None, a placeholder) with the
+        violation recorded when the tensor must not be copied."""
+        if not isinstance(d, dict):
+            return None, _Opaque("?")
+        kind = d.get("kind")
+        if kind == "tensor_subclass":
+            res.violations.append("bad_outputs")
+            res.messages.append(f"{what} is a {d.get('type')}, a subclass of torch.Tensor; expected exactly torch.Tensor")
+            return None, _Opaque(str(d.get("type")))
+        if kind != "tensor":
+            res.violations.append("bad_outputs")
+            res.messages.append(f"{what} is {d.get('type')}, expected a tensor")
+            return None, _Opaque(str(d.get("type")))
+        dtype = _dtype(d.get("dtype"))
+        shape = d.get("shape")
+        if dtype is None or not isinstance(shape, list) or not all(isinstance(s, int) and s >= 0 for s in shape):
+            res.violations.append("bad_outputs")
+            res.messages.append(f"{what}: unreadable description {d!r}")
+            return None, _Opaque("?")
+        dev = str(d.get("device"))
+        if dev != self.device and not (self.device.startswith("cuda") and dev.startswith("cuda")):
+            res.violations.append("wrong_device")
+            res.messages.append(f"{what} is on device {dev}, expected {self.device}")
+            return None, _Opaque(f"tensor on {dev}")
+        import torch
+        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+        if nbytes > limit:
+            res.violations.append("bad_outputs")
+            res.messages.append(f"{what} has shape {tuple(shape)} ({nbytes} bytes), far larger than expected")
+            return None, _Opaque(f"tensor of shape {tuple(shape)}")
+        return _alloc(tuple(shape), dtype, self.device), None
+
+
+def _limit(expected) -> int:
+    import torch
+    if not expected:
+        return 1 << 34
+    total = 0
+    for shape, dtype in expected:
+        total += math.prod(shape or ()) * torch.empty((), dtype=dtype).element_size()
+    return 4 * total + (1 << 20)
+
+
+def _alloc(shape, dtype, device: str):
+    import torch
+    t = torch.empty(shape, dtype=dtype, device=device)
+    return t.share_memory_() if t.device.type == "cpu" else t
+
+
+def _share(v: Any) -> Any:
+    """A tensor in memory the worker can map (CPU: moved into shared memory in place; CUDA
+    tensors travel by IPC handle as they are)."""
+    import torch
+    if isinstance(v, torch.Tensor) and v.device.type == "cpu" and not v.is_shared():
+        v.share_memory_()
+    return v
+
+
+def _label(impl: Any) -> str:
+    from .ops import impl_label
+    return impl_label(impl)
+
+
+# --------------------------------------------------------------------------- pool
+_lock = threading.Lock()
+_workers: dict[tuple, Worker] = {}
+_session_depth = [0]
+
+
+def can_isolate(impl: Any) -> tuple[bool, str]:
+    """Whether ``impl`` can be handed to a worker: names and 'module:function' paths
+    always; a Python callable when it pickles by reference to an importable module."""
+    if isinstance(impl, str):
+        return True, ""
+    module = getattr(impl, "__module__", None)
+    if module in (None, "__main__", "__mp_main__"):
+        return False, f"it is defined in {module or 'no module'}, which a worker process cannot import"
+    try:
+        pickle.dumps(impl)
+    except Exception as exc:  # noqa: BLE001 - any pickling failure means: not sendable
+        return False, f"it cannot be pickled ({type(exc).__name__}: {exc})"
+    return True, ""
+
+
+_spare: list[Worker] = []
+
+
+def _take_spare() -> Worker | None:
+    while _spare:
+        w = _spare.pop()
+        if w.alive():
+            return w
+        w.kill()
+    return None
+
+
+def _make_spare() -> None:
+    """Start a process for the next implementation now, so that it has imported torch by
+    the time it is needed (``FUSEVAL_SPARE_WORKER=0`` turns this off)."""
+    if _spare or os.environ.get("FUSEVAL_SPARE_WORKER", "1") == "0":
+        return
+    w = Worker(None, None, "cpu")
+    w.spawn()
+    _spare.append(w)
+
+
+def _key(impl: Any, defn: Any, device: str) -> tuple:
+    ident = impl if isinstance(impl, str) else pickle.dumps(impl)
+    # the same 'module:function' names another file from another folder or search path
+    return (ident, os.getcwd(), tuple(sys.path), defn.name, defn.variant, tuple(sorted(defn.implementations.items())), str(device))
+
+
+def worker_for(impl: Any, defn: Any, device: str) -> Worker:
+    """The live worker of ``impl`` for ``defn`` on ``device``, started if needed."""
+    key = _key(impl, defn, device)
+    with _lock:
+        w = _workers.get(key)
+        if w is None:
+            w = Worker(impl, defn, device)
+            w.start()
+            while len(_workers) >= _MAX_WORKERS:
+                _workers.pop(next(iter(_workers))).close()
+            _workers[key] = w
+        elif not w.alive():
+            w.start()
+        return w
+
+
+def close_all() -> None:
+    with _lock:
+        for w in list(_workers.values()) + _spare:
+            w.close()
+        _workers.clear()
+        _spare.clear()
+
+
+@contextlib.contextmanager
+def session():
+    """Workers started inside are closed on leaving (the gate and the CLI open one; outside,
+    workers live until the process exits)."""
+    _session_depth[0] += 1
+    try:
+        yield
+    finally:
+        _session_depth[0] -= 1
+        if _session_depth[0] == 0:
+            close_all()
+
+
+atexit.register(close_all)
+
+
+class IsolatedImpl:
+    """A callable that runs ``impl`` in its worker: for the budget and the property suite,
+    which call an implementation like a function. A call that does not return outputs
+    raises :class:`IsolationViolation` naming the violation."""
+
+    def __init__(self, impl: Any, defn: Any, device: str, timeout: float | None = DEFAULT_TIMEOUT):
+        self.worker = worker_for(impl, defn, device)
+        self.timeout = timeout
+        self.impl = impl
+        if isinstance(impl, str) and ":" in impl:
+            self.__module__, _, self.__qualname__ = impl.partition(":")
+        else:
+            self.__module__, self.__qualname__ = "fuseval.isolated", str(_label(impl))
+        if self.worker.staged:
+            self.staged = self._staged
+
+    def _deadline(self) -> float | None:
+        return None if not self.timeout else time.monotonic() + float(self.timeout)
+
+    def _raise_for(self, res: CallResult) -> None:
+        if res.violations:
+            raise IsolationViolation(res.violations[0], "; ".join(res.messages))
+
+    def __call__(self, *inputs):
+        res = self.worker.call(inputs, deadline=self._deadline())
+        self._raise_for(res)
+        return res.outputs
+
+    def _staged(self, *inputs, taps=None, override=None):
+        stop = getattr(taps, "stop", None)
+        res = self.worker.call(inputs, which="staged", override=override, stop=stop, deadline=self._deadline(),
+                               want_taps=taps is not None)
+        self._raise_for(res)
+        if taps is not None:
+            for k, v in res.taps.items():
+                taps[k] = v          # a stopping taps dict raises here, as in-process
+        return res.outputs
+
+
+class IsolationViolation(RuntimeError):
+    """An isolated call ended without outputs: ``violation`` names why."""
+
+    def __init__(self, violation: str, message: str):
+        super().__init__(f"{violation}: {message}")
+        self.violation = violation
