@@ -13,8 +13,8 @@ import torch
 os.environ.setdefault("FUSEVAL_NO_GRAPHS", "1")
 from fuseval.definitions import load  # noqa: E402
 from fuseval.inputs import generate_inputs  # noqa: E402
-from fuseval.fast import nvfp4_qkv_rope as B  # noqa: E402
-from fuseval.fast import qwen2vl_decoder_layer as A  # noqa: E402
+from fuseval.operators.nvfp4_qkv_rope import fast as B  # noqa: E402
+from fuseval.operators.qwen2vl_decoder_layer import fast as A  # noqa: E402
 
 dev = torch.device("cuda")
 ib = generate_inputs(load("nvfp4_qkv_rope", "seed"), {"seq_len": 8192, "batch_size": 1}, seed=0, device=dev)

@@ -24,7 +24,7 @@ import torch
 
 from fuseval.bench import time_call
 from fuseval.definitions import load
-from fuseval.fast import _nvfp4_gluon as G
+from fuseval.operators.nvfp4_qkv_rope import _gluon as G
 from fuseval.inputs import generate_inputs
 
 

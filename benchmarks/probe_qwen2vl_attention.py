@@ -1,5 +1,5 @@
 """Op A's attention kernels on one GPU: the Triton kernel's tiles against the Gluon kernel
-(fast/_qwen2vl_gluon.py, P V overlapped with the next tile's softmax), at the attention
+(operators/qwen2vl_decoder_layer/_gluon.py, P V overlapped with the next tile's softmax), at the attention
 shapes of the benchmark cases. Inputs are random q', k', V^T in TF32 (what the QKV
 kernel writes); every variant's output is compared with the Triton table kernel's, and
 timed in interleaved rounds (L2 flushed, median per round, median over rounds).
@@ -32,7 +32,7 @@ def main() -> int:
     ap.add_argument("--rep-ms", type=int, default=60)
     args = ap.parse_args()
     from fuseval.bench import measure_ceilings
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     dev = torch.device("cuda")
     os.makedirs(B.OUT, exist_ok=True)
     tf32_rate = measure_ceilings(dev).matmul_flops_per_s["tf32"]

@@ -27,7 +27,7 @@ import torch
 from fuseval import ops
 from fuseval.bench import _Flusher, time_call
 from fuseval.inputs import generate_inputs
-import fuseval.fast.qwen2vl_decoder_layer as F
+import fuseval.operators.qwen2vl_decoder_layer.fast as F
 
 OUT = os.environ.get("OUT") or "out"
 os.environ.setdefault("FUSEVAL_NO_GRAPHS", "1")     # time the launches themselves, not a graph replay

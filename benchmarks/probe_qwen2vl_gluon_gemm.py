@@ -1,4 +1,4 @@
-"""Op A's Gluon GEMM (fast/_qwen2vl_gluon.py) against the Triton tiles of the table, on one GPU.
+"""Op A's Gluon GEMM (operators/qwen2vl_decoder_layer/_gluon.py) against the Triton tiles of the table, on one GPU.
 
 For the MLP and O-projection shapes at several token counts: correctness of each Gluon
 variant (against a float64 product of the operands truncated to TF32 as the tensor cores
@@ -18,8 +18,8 @@ import os
 import torch
 
 from fuseval.bench import time_call
-from fuseval.fast import _qwen2vl_gluon as G
-from fuseval.fast import qwen2vl_decoder_layer as F
+from fuseval.operators.qwen2vl_decoder_layer import _gluon as G
+from fuseval.operators.qwen2vl_decoder_layer import fast as F
 
 OUT = os.environ.get("OUT") or "out"
 H, I, QD = 3584, 18944, 3584

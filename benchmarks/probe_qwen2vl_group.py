@@ -30,7 +30,7 @@ import qwen2vl_breakdown as B  # noqa: E402
 
 
 def variants():
-    from fuseval.fast.qwen2vl_decoder_layer import GemmConfig as G
+    from fuseval.operators.qwen2vl_decoder_layer.fast import GemmConfig as G
     ws128 = {f"W128x128s3g{g}": G(128, 128, 32, 8, 3, True, True, True, GROUP_M=g) for g in (8, 16, 32, 64)}
     gl128 = {f"g128x128s3g{g}": G(128, 128, 32, 8, 3, GROUP_M=g, gluon=True) for g in (16, 32)}
     gl256 = {f"g128x256s3g{g}": G(128, 256, 32, 8, 3, GROUP_M=g, gluon=True) for g in (4, 8, 16, 32)}
@@ -49,7 +49,7 @@ def main() -> int:
     os.makedirs(out_dir, exist_ok=True)
     from fuseval.bench import measure_ceilings
     from fuseval.clocks import ClockMonitor
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     sizes = [int(s) for s in args.sizes.split(",")]
     space = variants()
     seen, jobs = {}, []

@@ -56,8 +56,8 @@ def main() -> int:
     os.makedirs(B.OUT, exist_ok=True)
     from fuseval.bench import _square_matmul, measure_ceilings
     from fuseval.clocks import ClockMonitor
-    from fuseval.fast import qwen2vl_decoder_layer as F
-    from fuseval.refimpl.qwen2vl_decoder_layer import cost_model
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
+    from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model
 
     torch.backends.cuda.matmul.allow_tf32 = True
     monitor = ClockMonitor("cuda", interval_ms=100)

@@ -10,7 +10,7 @@ Phases:
              phase) time candidate tiles of each kernel at M = 128, 512, 2048, 8192 and
              at four attention shapes; each case then takes the fastest config at the
              nearest size ("auto" plan). Without it, the module's own table is used
-             (fuseval.fast.qwen2vl_decoder_layer.GPU_TABLE, filled from this phase).
+             (fuseval.operators.qwen2vl_decoder_layer.fast.GPU_TABLE, filled from this phase).
   check      every case: max abs error and matched ratio of fast (and torch TF32) against
              the float64 oracle under the benchmark tolerance; tf32x3/ieee accuracy on
              cases 5 and 15; two cases with realistic inputs
@@ -85,7 +85,7 @@ def make_activations(B, S, device, seed=1, realistic=False, empty=False):
     x = torch.randn(B, S, H, generator=g, device=device)
     if realistic:
         from fuseval.inputs import positions_to_cos_sin
-        from fuseval.refimpl.qwen2vl_decoder_layer import mrope_positions
+        from fuseval.operators.qwen2vl_decoder_layer.reference import mrope_positions
         cos, sin = positions_to_cos_sin(mrope_positions(B, S), D, 1e6)
         cos, sin = cos.to(device).contiguous(), sin.to(device).contiguous()
     else:
@@ -121,7 +121,7 @@ def floor_ms(flops, nbytes):
 
 
 def case_floor_ms(B, S):
-    from fuseval.refimpl.qwen2vl_decoder_layer import cost_model
+    from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model
     cm = cost_model(dict(consts(), batch_size=B, seq_len=S, kv_seq_len=S))
     return floor_ms(cm["flops"], cm["bytes"])
 
@@ -154,7 +154,7 @@ def bench_rounds(calls, rounds, rep=40, label=""):
 def variant_space():
     """Candidate tiles per kernel (p: pointer loads, t: TMA, P: persistent TMA, W: persistent
     with warp specialization, r: weights rounded to TF32 in the kernel)."""
-    from fuseval.fast.qwen2vl_decoder_layer import AttnConfig, GemmConfig as G
+    from fuseval.operators.qwen2vl_decoder_layer.fast import AttnConfig, GemmConfig as G
     res = {"t64x64s4": G(64, 64, 32, 4, 4, True), "p64x128s4": G(64, 128, 32, 4, 4),
            "t64x128s4": G(64, 128, 32, 4, 4, True), "t128x256s3": G(128, 256, 32, 8, 3, True),
            "p128x256s3": G(128, 256, 32, 8, 3), "t128x256s4": G(128, 256, 32, 8, 4, True),
@@ -170,7 +170,7 @@ def variant_space():
            "t128x256s3k2": G(128, 256, 32, 8, 3, True, split_k=2),
            "t128x256s3k3": G(128, 256, 32, 8, 3, True, split_k=3),
            "t128x128s4k2": G(128, 128, 32, 8, 4, True, split_k=2),
-           # g: the warp-specialized Gluon kernel (fast/_qwen2vl_gluon.py)
+           # g: the warp-specialized Gluon kernel (operators/qwen2vl_decoder_layer/_gluon.py)
            "g128x256s3": G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True),
            "g128x256s4": G(128, 256, 32, 8, 4, GROUP_M=16, gluon=True),
            "g128x128s4": G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True)}
@@ -221,7 +221,7 @@ KINDS = ("norm", "qkv", "attention", "o_proj", "gate_up", "down")
 
 def kernel_calls(W, act, plan, precision="tf32"):
     """One launch of each kernel of the fused pipeline on fresh buffers: {kind: thunk}."""
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     x, cos, sin = act
     sh = F._shape_of(inputs_of(W, act))
     M, H = sh.M, sh.H
@@ -260,7 +260,7 @@ def compile_job(job):
     kind, B, S, precision, tuning = job
     t0 = time.time()
     try:
-        from fuseval.fast import qwen2vl_decoder_layer as F
+        from fuseval.operators.qwen2vl_decoder_layer import fast as F
         W = make_weights(DEVICE, empty=True)
         act = make_activations(B, S, DEVICE, empty=True)
         plan = F.plan_for(F._shape_of(inputs_of(W, act)), torch.device(DEVICE), precision, tuning=tuning)
@@ -273,7 +273,7 @@ def compile_job(job):
 
 def plan_jobs(B, S, precision, tuning, seen):
     """Compile jobs for the kernels of one plan that no earlier job covers (``seen``: key -> job)."""
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     W = make_weights("meta", empty=True)
     act = make_activations(B, S, "meta", empty=True)
     device = torch.device(DEVICE, 0) if DEVICE == "cuda" else torch.device("cpu")
@@ -314,7 +314,7 @@ def precompile(jobs, workers, deadline_s=150):
 
 # --------------------------------------------------------------------------- phases
 def explore(W, results, failed=()):
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     space = variant_space()
     failed = set(failed)
     c = consts()
@@ -385,7 +385,7 @@ def explore(W, results, failed=()):
 
 def write_table(table, path):
     """The fastest variant of each kernel at each measured size, in the JSON form that
-    FUSEVAL_QWEN2VL_TABLE (fuseval.fast.qwen2vl_decoder_layer) reads."""
+    FUSEVAL_QWEN2VL_TABLE (fuseval.operators.qwen2vl_decoder_layer.fast) reads."""
     import dataclasses
     space = variant_space()
     out = {}
@@ -434,8 +434,8 @@ def auto_tuning(table, B, S):
 def check_phase(W, tunings, results, cases):
     from fuseval.check import compare
     from fuseval.definitions import load
-    from fuseval.fast import qwen2vl_decoder_layer as F
-    from fuseval.refimpl.qwen2vl_decoder_layer import reference, torch_eager_tf32
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
+    from fuseval.operators.qwen2vl_decoder_layer.reference import reference, torch_eager_tf32
     tol = load("qwen2vl_decoder_layer").tolerance
     rows = []
     for idx, B, S in cases:
@@ -481,8 +481,8 @@ def check_phase(W, tunings, results, cases):
 
 
 def time_phase(W, tunings, results, cases, with_fp32=True):
-    from fuseval.fast import qwen2vl_decoder_layer as F
-    from fuseval.refimpl.qwen2vl_decoder_layer import torch_eager, torch_eager_tf32
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
+    from fuseval.operators.qwen2vl_decoder_layer.reference import torch_eager, torch_eager_tf32
     rows = []
     # warm-up (clocks, allocator, first launches): the first timed case ran slow in run 1
     idx0, B0, S0 = cases[0]
@@ -507,7 +507,7 @@ def time_phase(W, tunings, results, cases, with_fp32=True):
 
 
 def breakdown_phase(W, tunings, results, cases):
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     rows = []
     for idx, B, S in cases:
         act = make_activations(B, S, DEVICE, seed=400 + idx)

@@ -113,7 +113,7 @@ def _compile_and_report(kind: str, name: str, compile_fn) -> None:
 def _nvfp4(configs: list[str], tokens: int) -> None:
     """Op B: compile the fused kernel for each 'BM,BK,WARPS,STAGES[,flags]' config."""
     from fuseval.definitions import load
-    from fuseval.fast import nvfp4_qkv_rope as F
+    from fuseval.operators.nvfp4_qkv_rope import fast as F
     from fuseval.inputs import generate_inputs
     defn = load("nvfp4_qkv_rope")
     inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device=torch.device("cpu"))
@@ -137,7 +137,7 @@ def _nvfp4_args(F, inputs):
 def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,W_AS_A]]' config."""
     from fuseval.definitions import load
-    from fuseval.fast import _nvfp4_gluon as G
+    from fuseval.operators.nvfp4_qkv_rope import _gluon as G
     from fuseval.inputs import generate_inputs
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
@@ -175,7 +175,7 @@ def main():
     if args.nvfp4:
         _nvfp4(args.nvfp4.split(";"), args.tokens)
         return
-    from fuseval.fast import qwen2vl_decoder_layer as F
+    from fuseval.operators.qwen2vl_decoder_layer import fast as F
     F._interpreting = lambda: False
     sys.path.insert(0, os.path.dirname(__file__))
     import qwen2vl_breakdown as B                  # variant_space and kernel_calls

@@ -24,9 +24,9 @@ import torch
 from fuseval.bench import measure_ceilings, time_call
 from fuseval.check import compare
 from fuseval.definitions import load
-from fuseval.fast import nvfp4_qkv_rope as fast
+from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.inputs import generate_inputs
-from fuseval.refimpl import nvfp4_qkv_rope as ref
+from fuseval.operators.nvfp4_qkv_rope import reference as ref
 
 CONFIGS = [
     "128,64,8,3,a", "128,128,8,3,a", "256,64,16,3,a", "256,64,8,3,a", "128,64,4,4,a",

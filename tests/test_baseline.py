@@ -13,7 +13,7 @@ import torch
 
 from fuseval import baseline, cli
 from fuseval.errors import EXIT_BAD_FILE, EXIT_REGRESSION, EXIT_UNKNOWN_OPERATOR, FusevalError
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 OP = "nvfp4_qkv_rope"
 CASES = "0-3"
@@ -201,7 +201,7 @@ def test_malformed_distribution_is_named_by_its_path(tmp_path):
 
 def test_cli_save_and_compare(tmp_path, capsys, monkeypatch):
     (tmp_path / "baseline_mutant_mod.py").write_text(
-        "import torch\nfrom fuseval.refimpl.nvfp4_qkv_rope import torch_eager\n"
+        "import torch\nfrom fuseval.operators.nvfp4_qkv_rope.reference import torch_eager\n"
         "def worse(*a):\n    q, k, v = torch_eager(*a)\n"
         "    return (q.float() * (1 + 2 ** -6)).to(torch.bfloat16), k, v\n")
     monkeypatch.syspath_prepend(str(tmp_path))

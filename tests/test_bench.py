@@ -11,7 +11,7 @@ from fuseval import bench
 from fuseval.cli import main as cli_main
 from fuseval.definitions import load
 from fuseval.errors import EXIT_NO_DEVICE, EXIT_OK
-from fuseval.refimpl import nvfp4_qkv_rope as op_b
+from fuseval.operators.nvfp4_qkv_rope import reference as op_b
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

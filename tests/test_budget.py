@@ -25,8 +25,8 @@ from fuseval.budget.naive import emulated_stages, round_to
 from fuseval.budget.report import load_report, render_markdown
 from fuseval.errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK
 from fuseval.refimpl import nvfp4
-from fuseval.refimpl import nvfp4_qkv_rope as op_b
-from fuseval.refimpl import qwen2vl_decoder_layer as op_a
+from fuseval.operators.nvfp4_qkv_rope import reference as op_b
+from fuseval.operators.qwen2vl_decoder_layer import reference as op_a
 from fuseval.refimpl import stages as st
 
 OP_A, OP_B = "qwen2vl_decoder_layer", "nvfp4_qkv_rope"
@@ -396,7 +396,7 @@ def test_cli_malformed_budget_file_exit_code(tmp_path, capsys):
 
 def test_cli_user_module_without_taps_and_raising(tmp_path, monkeypatch, capsys):
     (tmp_path / "user_impl.py").write_text(
-        "from fuseval.refimpl.nvfp4_qkv_rope import torch_eager as plain\n"
+        "from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager as plain\n"
         "def broken(*inputs):\n    raise RuntimeError('boom')\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))

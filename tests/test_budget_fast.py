@@ -21,10 +21,7 @@ CONFIG = "small" if CUDA else "tiny"
 
 
 def _fast(op: str):
-    try:
-        return importlib.import_module(f"fuseval.fast.{op}")
-    except ImportError as exc:
-        pytest.skip(f"fuseval.fast.{op} is not importable yet: {exc}")
+    return importlib.import_module(f"fuseval.operators.{op}.fast")
 
 
 @pytest.mark.parametrize("op", OPS)
@@ -38,7 +35,7 @@ def test_fast_path_is_within_budget_with_every_stage_tapped(op):
     assert r.passed, r.to_markdown()
 
 
-# fast-path mutants of op A (fuseval.fast.qwen2vl_decoder_layer.variant) and the stage each breaks.
+# fast-path mutants of op A (fuseval.operators.qwen2vl_decoder_layer.fast.variant) and the stage each breaks.
 # eps_outside_sqrt runs under precision "ieee": under the default TF32 policy the norm output is
 # stored TF32-rounded (10-bit mantissa), and a misplaced eps (a relative change of about 5e-7) is
 # far below that precision, so no budget can attribute it to the norm stage.

@@ -17,8 +17,8 @@ from fuseval.check import VIOLATIONS, CheckReport, check, compare, fingerprint, 
 from fuseval.definitions import Tolerance, load
 from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_IMPL_RAISED,
                             EXIT_NONFINITE, EXIT_OK, exit_code_for)
-from fuseval.refimpl import nvfp4_qkv_rope as op_b
-from fuseval.refimpl import qwen2vl_decoder_layer as op_a
+from fuseval.operators.nvfp4_qkv_rope import reference as op_b
+from fuseval.operators.qwen2vl_decoder_layer import reference as op_a
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -430,8 +430,8 @@ def test_torch_passes_on_realistic_inputs(op):
 
 def test_a_user_callable_and_a_module_path_are_accepted():
     assert run(OP_A, _correct_a).passed
-    report = run(OP_A, "fuseval.refimpl.qwen2vl_decoder_layer:torch_eager")
-    assert report.passed and report.impl == "fuseval.refimpl.qwen2vl_decoder_layer:torch_eager"
+    report = run(OP_A, "fuseval.operators.qwen2vl_decoder_layer.reference:torch_eager")
+    assert report.passed and report.impl == "fuseval.operators.qwen2vl_decoder_layer.reference:torch_eager"
 
 
 # ====================================================================== report, run_case, fingerprint

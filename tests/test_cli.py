@@ -48,8 +48,8 @@ def case_rows(table: str) -> list[int]:
 
 USER_MODULE = '''
 import torch
-from fuseval.refimpl.qwen2vl_decoder_layer import torch_eager
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager as torch_eager_b
+from fuseval.operators.qwen2vl_decoder_layer.reference import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager as torch_eager_b
 
 def good(*x):
     return torch_eager(*x)

@@ -20,9 +20,9 @@ import torch
 
 from fuseval.check import check, compare, run_case
 from fuseval.definitions import Case, load
-from fuseval.fast import nvfp4_qkv_rope as fast
+from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.inputs import generate_inputs
-from fuseval.refimpl import nvfp4_qkv_rope as ref
+from fuseval.operators.nvfp4_qkv_rope import reference as ref
 from fuseval.refimpl.nvfp4 import encode_e4m3fn, quantize_activations
 
 OP = "nvfp4_qkv_rope"
@@ -495,7 +495,7 @@ def test_gpu_ragged_tokens_and_exact_decode():
 @needs_cuda
 @pytest.mark.parametrize("config", ["256,64,8,4,a,g", "256,64,8,5,g", "128,64,8,5,g,h2"])
 def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
-    """The Hopper Gluon kernel (fast/_nvfp4_gluon.py) on a ragged 3 x 333 batch and on the
+    """The Hopper Gluon kernel (operators/nvfp4_qkv_rope/_gluon.py) on a ragged 3 x 333 batch and on the
     seed cases: every element within rounding of the float64 oracle, and the full check
     (NaN-poisoned outputs, hygiene rules) passes."""
     if torch.cuda.get_device_capability()[0] != 9:

@@ -19,9 +19,9 @@ import torch
 
 from fuseval.check import compare, run_case
 from fuseval.definitions import load
-from fuseval.fast import qwen2vl_decoder_layer as fast
+from fuseval.operators.qwen2vl_decoder_layer import fast as fast
 from fuseval.inputs import generate_inputs
-from fuseval.refimpl.qwen2vl_decoder_layer import cost_model, reference
+from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model, reference
 
 OP = "qwen2vl_decoder_layer"
 CPU = torch.device("cpu")

@@ -16,7 +16,7 @@ from fuseval import cli
 from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_IMPORT_ERROR,
                             EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_UNKNOWN_OPERATOR, FusevalError)
 from fuseval.gate import PROFILES, ComponentResult, GateReport, run_component, run_gate
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 OP = "nvfp4_qkv_rope"
 FAST = dict(components=["check"], cases="0-2", seeds=2)
@@ -198,7 +198,7 @@ def test_cli_gate_prints_a_summary_and_exits_by_verdict(tmp_path, capsys, monkey
     assert (tmp_path / "rep" / "junit.xml").exists()
     # a mutant reached by module path fails with its own exit code
     (tmp_path / "gate_mutant_mod.py").write_text(
-        "import torch\nfrom fuseval.refimpl.nvfp4_qkv_rope import torch_eager\n"
+        "import torch\nfrom fuseval.operators.nvfp4_qkv_rope.reference import torch_eager\n"
         "def nan(*a):\n    q, k, v = torch_eager(*a)\n    return q * float('nan'), k, v\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     code = cli.main(["gate", "--op", OP, "--impl", "gate_mutant_mod:nan", "--skip", "properties,budget",

@@ -31,7 +31,7 @@ TIMEOUT = "2"           # seconds per case for these runs: the sleeper sleeps fa
 
 COMMON = '''
 import torch
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 def noise(*a):
     # noise that depends on the inputs (noise that does not is also a cached result)

@@ -16,7 +16,7 @@ OP = "nvfp4_qkv_rope"
 
 KERNELS = '''
 import torch
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 def good(*a):
     return torch_eager(*a)
@@ -106,7 +106,7 @@ def test_gate_items_from_the_ini_file(kernel_repo):
 
 def test_warning_of_a_thin_margin_surfaces_as_a_pytest_warning(kernel_repo):
     kernel_repo.makepyfile(thin='''
-        from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+        from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
         def thin(*a):
             q, k, v = torch_eager(*a)

@@ -53,7 +53,7 @@ def _stale_cache_impl():
     """A mutant of the torch_cached baseline: bf16 weights cached per packed-weight tensor
     object only, so a call with the same packed tensor but a changed scale tensor reuses
     stale weights (the bug torch_cached once had)."""
-    from fuseval.refimpl import nvfp4_qkv_rope as ref_b
+    from fuseval.operators.nvfp4_qkv_rope import reference as ref_b
     cache = {}
 
     def impl(x, cos, sin, qw, qs, qg, kw, ks, kg, vw, vs, vg, qn, kn, eps):
@@ -120,7 +120,7 @@ def test_reproduce_command_for_adversarial_custom_config(capsys):
 def test_tight_bound_catches_what_the_rule_lets_through():
     """op B's rule allows 2% relative error per element: value_states scaled by 1.018 passes
     it on a benchmark draw, but not the tight normwise bound (2^-6 relative L2)."""
-    from fuseval.refimpl import nvfp4_qkv_rope as ref_b
+    from fuseval.operators.nvfp4_qkv_rope import reference as ref_b
 
     def v_scaled(*inputs):
         q, k, v = ref_b.reference_fp32(*inputs)
@@ -150,7 +150,7 @@ def _reference_fp32(op):
 
 
 def test_accepts_callables_and_module_paths():
-    r1 = check_implementation(OP_B, "fuseval.refimpl.nvfp4_qkv_rope:reference_fp32", max_examples=2,
+    r1 = check_implementation(OP_B, "fuseval.operators.nvfp4_qkv_rope.reference:reference_fp32", max_examples=2,
                               metamorphic=False)
     r2 = check_implementation(OP_B, _reference_fp32(OP_B), max_examples=2, metamorphic=False)
     assert r1.passed and r2.passed

@@ -118,7 +118,7 @@ def test_adversarial_magnitudes_reach_eps():
 def test_adversarial_v_stays_in_tolerance_range():
     """op B: the v global scale is lowered so that typical |v| <= 1 even for huge inputs
     and 448 scales (the tolerance rule's absolute terms stay meaningful)."""
-    from fuseval.refimpl.nvfp4_qkv_rope import reference
+    from fuseval.operators.nvfp4_qkv_rope.reference import reference
     b = _binding(S.OP_B, b=2, s=6)
     for seed in range(4):
         x = S.make_inputs(b, "adversarial", seed, S.Recipe(magnitude="huge", scales="special", codes="every"))

@@ -20,8 +20,8 @@ import torch
 
 from fuseval.definitions import evaluate_expression, load
 from fuseval.inputs import generate_inputs
-from fuseval.refimpl import nvfp4_qkv_rope as op_b
-from fuseval.refimpl import qwen2vl_decoder_layer as op_a
+from fuseval.operators.nvfp4_qkv_rope import reference as op_b
+from fuseval.operators.qwen2vl_decoder_layer import reference as op_a
 from fuseval.refimpl import stages as st
 from act_quant_independent import quantize_loops
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from fuseval.gate import jsonable
-from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 from fuseval.stats import check_over_seeds, judge, seed_list, stats_from_reports
 
 OP = "nvfp4_qkv_rope"   # tolerance: >= 95% matched, max abs <= 1.0

@@ -19,7 +19,7 @@ OP = "nvfp4_qkv_rope"
 
 USER_MODULE = textwrap.dedent("""
     import torch
-    from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+    from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
     def good(*a):
         return torch_eager(*a)

@@ -27,7 +27,7 @@ OP_A = "qwen2vl_decoder_layer"
 USER = textwrap.dedent('''
     import threading, time
     import torch
-    from fuseval.refimpl.nvfp4_qkv_rope import torch_eager
+    from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
     def good(*a):
         return torch_eager(*a)

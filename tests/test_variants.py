@@ -10,8 +10,8 @@ from fuseval.cli import main
 from fuseval.definitions import DEFAULT_VARIANT, load, variant_scope
 from fuseval.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from fuseval.ops import resolve_impl
-from fuseval.refimpl import nvfp4_qkv_rope as op_b
-from fuseval.refimpl import qwen2vl_decoder_layer as op_a
+from fuseval.operators.nvfp4_qkv_rope import reference as op_b
+from fuseval.operators.qwen2vl_decoder_layer import reference as op_a
 
 OP_A, OP_B = "qwen2vl_decoder_layer", "nvfp4_qkv_rope"
 VARIANT_IMPL = {OP_A: ("hf_mrope", op_a.torch_eager_hf_mrope), OP_B: ("w4a16", op_b.torch_eager_w4a16)}
@@ -55,7 +55,7 @@ def test_full_size_case_0_the_models_semantics_fail_the_default_and_pass_their_v
 
 def test_cli_variant_switch_and_its_usage_error(capsys):
     args = ["check", "--op", OP_A, "--cases", "0", "--no-hygiene"]
-    assert main(args + ["--impl", "fuseval.refimpl.qwen2vl_decoder_layer:torch_eager_hf_mrope"]) \
+    assert main(args + ["--impl", "fuseval.operators.qwen2vl_decoder_layer.reference:torch_eager_hf_mrope"]) \
         == EXIT_CHECK_FAILED
     assert main(args + ["--impl", "torch", "--variant", "hf_mrope"]) == EXIT_OK
     assert "variant=hf_mrope" in capsys.readouterr().out

@@ -39,7 +39,6 @@ Everything that touches the GPU is skipped (``BenchSkipped``) when there is none
 """
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import statistics
@@ -49,6 +48,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from . import operators
 from . import ops as _ops
 from .definitions import Definition
 
@@ -310,18 +310,15 @@ class BenchSpec:
 
 
 def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpec:
-    """The operator's benchmark pieces, read from its reference module (``defn.module``):
-    ``cost_model(axes)``, optional ``BENCH_IMPLS`` and ``BENCH_FAST``."""
-    module = importlib.import_module(defn.module)
-    default = list(getattr(module, "BENCH_IMPLS", None)
-                   or [k for k in defn.implementations if "reference" not in k])
+    """The operator's benchmark pieces, from its spec: ``cost_model(axes)``, the
+    implementations timed by default and which of them is its fast path."""
+    op = operators.spec(defn.name)
+    default = list(op.bench_impls or [k for k in defn.implementations if "reference" not in k])
     chosen = list(impls) if impls else default
     if not chosen:
         raise ValueError(f"{defn.name}: no implementation to benchmark")
-    fast = getattr(module, "BENCH_FAST", "fast")
-    if fast not in chosen:
-        fast = None
-    return BenchSpec(defn.name, chosen, fast, getattr(module, "cost_model", None))
+    fast = op.bench_fast if op.bench_fast in chosen else None
+    return BenchSpec(defn.name, chosen, fast, op.cost())
 
 
 def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:

@@ -30,12 +30,12 @@ took about 2.8 s a case, nearly all of a GPU check's time). The guarantee:
 from __future__ import annotations
 
 import hashlib
-import importlib
 import math
 from typing import Any, Mapping
 
 import torch
 
+from . import operators
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
@@ -170,9 +170,9 @@ def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int 
     if mode not in MODES:
         raise ValueError(f"input mode must be one of {MODES}, got {mode!r}")
     axes = defn.resolve_axes(var_axes)
-    # an operator module may draw its inputs itself: ``realistic_inputs`` for the realistic
-    # mode, ``benchmark_inputs`` where the benchmark uses a custom generator of its own
-    hook = getattr(importlib.import_module(defn.module), f"{mode}_inputs", None)
+    # an operator may draw its inputs itself (its spec's ``inputs`` hooks): the realistic
+    # mode, or the benchmark mode where the benchmark uses a custom generator of its own
+    hook = operators.spec(defn.name).input_hook(mode)
     device = torch.device(device)
     if hook is not None:
         values = hook(defn, axes, seed, device=device)

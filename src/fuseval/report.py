@@ -7,7 +7,7 @@ from typing import TextIO
 
 from .definitions import axes_label
 
-__all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err"]
+__all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err", "fmt_number"]
 
 
 def console(stream: TextIO | None = None):
@@ -15,12 +15,20 @@ def console(stream: TextIO | None = None):
     return Console(file=stream or sys.stdout, width=200, soft_wrap=False)
 
 
-def fmt_err(x: float) -> str:
+def fmt_number(x: float | None, digits: int = 3, style: str = "e") -> str:
+    """The one number formatter of tables: ``-`` for None, ``inf``/``nan`` as such, else
+    ``digits`` digits in ``style`` ("e": 1.234e-03, "g": 0.001234)."""
     if x is None:
         return "-"
+    x = float(x)
     if math.isinf(x) or math.isnan(x):
         return str(x)
-    return f"{x:.3e}"
+    return f"{x:.{digits}e}" if style == "e" else f"{x:.{digits + 1}g}"
+
+
+def fmt_err(x: float | None) -> str:
+    """An error value in a table: 3 digits after the point, exponent form."""
+    return fmt_number(x, 3, "e")
 
 
 def case_verdict(result) -> str:

@@ -31,7 +31,6 @@ import json
 import math
 import os
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Mapping
 
 from ..definitions import Definition, list_operators, load
@@ -222,8 +221,10 @@ _STAGE_KEYS = {"dtype", "operand_dtype", "allowance", "note"}
 _E2E_KEYS = {"tolerance", "dtype", "allowance", "note"}
 
 
-def default_budget_path(op: str) -> str:
-    return str(resources.files(__package__).joinpath(f"{op}.json"))
+def default_budget_path(op: str) -> str | None:
+    """The budget file the operator ships (None: it has none)."""
+    from .. import operators
+    return operators.spec(op).budget_path()
 
 
 def _check_keys(raw: Any, allowed: set[str], where: str) -> None:
@@ -317,6 +318,8 @@ def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget, defn: De
     text_path = os.fspath(budget)
     if text_path in list_operators():
         path = default_budget_path(text_path)
+        if path is None:
+            raise ValueError(f"operator {text_path!r} ships no budget file; give a path to one")
     else:
         path = text_path
     if not os.path.exists(path):

@@ -1,14 +1,14 @@
 """Operators described as data.
 
-Each ``<name>.json`` file beside this module describes one fused operator the way
+Each operator package's ``definition.json`` (see :mod:`fuseval.operators`) describes one fused operator the way
 SOL-ExecBench's ``definition.json`` does (axes, constraints, inputs and outputs in
 order with shapes written in axis names), plus what fuseval needs on top: the named
 stages that reports tap, the tolerance rule, the 16 benchmark cases, and named
 configurations that override the ``const`` axes to build scaled-down versions of the
 same operator for CPU tests.
 
-``load("qwen2vl_decoder_layer", config="small")`` returns a typed :class:`Definition`.
-Adding an operator means adding a JSON file here and the module it names.
+``load(name, config="small")`` returns a typed :class:`Definition`; implementation
+paths of the file (``".reference:reference"``) are made absolute against the operator's package.
 """
 from __future__ import annotations
 
@@ -18,10 +18,7 @@ import contextvars
 import json
 import math
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from typing import Any, Mapping, Sequence
-
-from ..errors import UnknownOperatorError
 
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
@@ -115,7 +112,7 @@ class Definition:
     op_type: str
     description: str
     source: str
-    module: str
+    package: str                     # the operator's package (fuseval.operators.<name>)
     implementations: Mapping[str, str]
     axes: Mapping[str, AxisSpec]
     constraints: tuple[tuple[str, str], ...]
@@ -352,13 +349,18 @@ def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
 
 # --------------------------------------------------------------------------- loading
 def list_operators() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files(__name__).iterdir() if p.name.endswith(".json"))
+    from .. import operators
+    return operators.names()
 
 
 _CACHE: dict[str, Definition] = {}
 
 
-def _parse(raw: Mapping[str, Any]) -> Definition:
+def _parse(raw: Mapping[str, Any], package: str) -> Definition:
+    from ..operators import qualify
+    absolute = lambda table: {k: qualify(v, package) for k, v in table.items()}
+    variants = {name: {**v, "implementations": absolute(v.get("implementations", {}))}
+                for name, v in raw.get("variants", {}).items()}
     axes = {}
     for name, a in raw["axes"].items():
         axes[name] = AxisSpec(name, a["type"], a.get("value"), a.get("expression"))
@@ -369,8 +371,8 @@ def _parse(raw: Mapping[str, Any]) -> Definition:
     cases = [c if isinstance(c, Mapping) else {"axes": c} for c in raw["cases"]]
     return Definition(
         name=raw["name"], op_type=raw["op_type"], description=raw["description"],
-        source=raw.get("source", ""), module=raw["module"],
-        implementations=dict(raw["implementations"]), axes=axes,
+        source=raw.get("source", ""), package=package,
+        implementations=absolute(raw["implementations"]), axes=axes,
         constraints=tuple((c["expression"], c.get("why", "")) for c in raw.get("constraints", [])),
         derived=dict(raw.get("derived", {})),
         inputs=tuple(tensor(t) for t in raw["inputs"]),
@@ -381,7 +383,7 @@ def _parse(raw: Mapping[str, Any]) -> Definition:
         case_axes=tuple(raw["case_axes"]),
         seed_cases=tuple(tuple(c["axes"]) for c in cases),
         case_tolerances=tuple(dict(c.get("tolerance", {})) for c in cases),
-        variants=dict(raw.get("variants", {})),
+        variants=variants,
         configs={"seed": {}, **raw.get("configs", {})},
         realistic=dict(raw.get("realistic", {})),
         raw=raw,
@@ -416,11 +418,13 @@ def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | Non
         d = name if config == "seed" and name.config == "seed" else name.with_config(config)
         return d if variant is None else d.with_variant(variant)
     if name not in _CACHE:
-        known = list_operators()
-        if name not in known:
-            raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
-        text = resources.files(__name__).joinpath(name + ".json").read_text()
-        _CACHE[name] = _parse(json.loads(text))
+        from .. import operators
+        spec = operators.spec(name)          # UnknownOperatorError names the known ones
+        raw = json.loads(spec.definition_text())
+        if raw.get("name") != name:
+            raise ValueError(f"{spec.package}/{spec.definition}: names operator {raw.get('name')!r}, "
+                             f"its spec {name!r}")
+        _CACHE[name] = _parse(raw, spec.package)
     d = _CACHE[name]
     d = d if config == "seed" else d.with_config(config)
     variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)

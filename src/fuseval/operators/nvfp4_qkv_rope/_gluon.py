@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the same bit-level decode and head selection as the Triton kernel (triton.jit helpers)
-from .nvfp4_qkv_rope import _e4m3_f32, _head_weights, _nibble_f32
+from .fast import _e4m3_f32, _head_weights, _nibble_f32
 
 
 

@@ -22,9 +22,9 @@ from typing import Any, Mapping, MutableMapping
 
 import torch
 
-from ..definitions import load
-from . import nvfp4
-from . import stages as st
+from ...definitions import load
+from ...refimpl import nvfp4
+from ...refimpl import stages as st
 
 NAME = "nvfp4_qkv_rope"
 
@@ -63,7 +63,7 @@ def reference(hidden_states, cos, sin,
             k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale, v_proj_weight_fp4,
             v_proj_scale, v_proj_global_decode_scale, q_norm_weight, k_norm_weight, rms_norm_eps)
     if validate:
-        from ..validate import bind_axes
+        from ...validate import bind_axes
         bind_axes(load(NAME), args)
     override = override or {}
 
@@ -318,7 +318,7 @@ def benchmark_inputs(defn, axes: Mapping[str, int], seed: int, device="cpu") -> 
     (``nvfp4.quantize_activations``: positive e4m3 block scales, global decode scale
     amax(W) / 2688); norm weights ones; eps 1e-6. One generator per input name, on
     ``device``."""
-    from ..inputs import input_generator
+    from ...inputs import input_generator
     out: dict[str, Any] = {}
     for spec in defn.inputs:
         if spec.name in out:

@@ -1,5 +1,5 @@
 """Triton kernels of the Qwen2-VL decoder-layer fast path (op A); launchers live in
-``fuseval.fast.qwen2vl_decoder_layer``.
+``fuseval.operators.qwen2vl_decoder_layer.fast``.
 
 Every tensor here is float32 and row-major. All matrix products are "NT": both operands
 are read along their contiguous K axis (activations [M, K], nn.Linear weights [N, K]).
@@ -15,6 +15,7 @@ production launchers always pass False.
 """
 from __future__ import annotations
 
+from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
 import triton
 import triton.language as tl
 

@@ -63,7 +63,7 @@ Design, and why:
   by hand (the compiled cast already does).
 
 * **Hopper: a Gluon kernel.** On an sm_90 GPU the production call (``forward`` with the
-  default table, head_dim 128) runs ``fast/_nvfp4_gluon.py`` instead: the same decode and
+  default table, head_dim 128) runs ``operators/nvfp4_qkv_rope/_gluon.py`` instead: the same decode and
   epilogue arithmetic, but with explicit layouts, so that the decoded tile goes straight
   into the swizzled shared-memory layout the tensor cores read (no second shuffle), x
   arrives by TMA, and the product is transposed (tokens as the wgmma's N). Mutants,
@@ -91,11 +91,12 @@ from dataclasses import dataclass
 from typing import Mapping, MutableMapping
 
 import torch
+from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
 import triton
 import triton.language as tl
 
-from ..definitions import load
-from ._graphs import GraphCache, tensor_key
+from ...definitions import load
+from ...fast._graphs import GraphCache, tensor_key
 
 NAME = "nvfp4_qkv_rope"
 
@@ -728,7 +729,7 @@ class KernelConfig:
     num_stages: int = 3
     w_as_a: bool = False      # compute acc^T = W x^T (decoded W as the dot's A operand)
     heads_per_tile: int = 1   # 2: one N tile spans two heads (halves the re-reads of x)
-    gluon: bool = False       # Hopper: the Gluon kernel (fast/_nvfp4_gluon.py) where it applies
+    gluon: bool = False       # Hopper: the Gluon kernel (operators/nvfp4_qkv_rope/_gluon.py) where it applies
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
@@ -751,7 +752,7 @@ class KernelConfig:
 
 # Tile table for Hopper (H200), by the number of tokens M = B*S: (largest M, config).
 # Chosen by benchmarks/sweep_nvfp4_qkv_rope.py and benchmarks/probe_nvfp4_gluon.py on an
-# H200 (benchmarks/notes_nvfp4_qkv_rope.md): the Gluon kernel (fast/_nvfp4_gluon.py) with
+# H200 (benchmarks/notes_nvfp4_qkv_rope.md): the Gluon kernel (operators/nvfp4_qkv_rope/_gluon.py) with
 # 256-token tiles, which halve the FP4 decode work per FLOP against 128-token ones, and
 # the transposed product (a: tokens as the wgmma's N, less shared-memory traffic).
 H200_CONFIGS: list[tuple[int, KernelConfig]] = [
@@ -833,7 +834,7 @@ def _signature(inputs) -> tuple:
 def _bind(inputs, check_values: bool) -> dict[str, int]:
     """Axis binding of ``inputs``; ValueError naming the input on any mismatch."""
     global _DEFN
-    from ..validate import bind_axes
+    from ...validate import bind_axes
     if _DEFN is None:
         _DEFN = load(NAME)
     return bind_axes(_DEFN, inputs, check_values=check_values)
@@ -1073,7 +1074,7 @@ def _launch(inputs, *, mode: int, config: KernelConfig | None, mutant: int,
         gs_args, gs_from_ptr = (x, float(gq), float(gk), float(gv)), False
 
     if plan.gluon is not None and x.data_ptr() % 16 == 0:
-        from . import _nvfp4_gluon
+        from . import _gluon as _nvfp4_gluon
         cfg = plan.gluon
         u8 = lambda t: _word_aligned(t).view(torch.uint8)     # noqa: E731
         _nvfp4_gluon.launch(x.view(m, -1), cos, sin, [u8(t) for t in (wq, wk, wv)],

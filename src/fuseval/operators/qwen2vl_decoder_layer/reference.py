@@ -21,8 +21,8 @@ from typing import Any, Mapping, MutableMapping
 import torch
 import torch.nn.functional as F
 
-from ..definitions import load
-from . import stages as st
+from ...definitions import load
+from ...refimpl import stages as st
 
 NAME = "qwen2vl_decoder_layer"
 
@@ -66,7 +66,7 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
             post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
             rms_norm_eps)
     if validate:
-        from ..validate import bind_axes
+        from ...validate import bind_axes
         bind_axes(load(NAME), args)
     up = lambda t: t.to(dtype)
     override = override or {}
@@ -258,7 +258,7 @@ def mrope_positions(batch: int, seq_len: int) -> torch.Tensor:
 def realistic_inputs(defn, axes, seed, device="cpu") -> dict[str, Any]:
     """Benchmark-style weights and activations; norm weights near 1; cos/sin of real
     multimodal position ids (rope_theta from the definition)."""
-    from ..inputs import default_realistic_inputs, positions_to_cos_sin
+    from ...inputs import default_realistic_inputs, positions_to_cos_sin
     values = default_realistic_inputs(defn, axes, seed, device)
     pos = mrope_positions(axes["batch_size"], axes["kv_seq_len"])
     cos, sin = positions_to_cos_sin(pos, axes["head_dim"], float(defn.realistic.get("rope_theta", 1e6)))

@@ -1,6 +1,6 @@
 """Fast path for op A (``qwen2vl_decoder_layer``): float32 in and out, Triton kernels.
 
-The production ``forward`` runs seven kernels (``fuseval.fast._qwen2vl_kernels``):
+The production ``forward`` runs seven kernels (``fuseval.operators.qwen2vl_decoder_layer._kernels``):
 
 ==========  ==========================================================================
 kernel      what it fuses
@@ -69,10 +69,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 import torch
+from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
 import triton
 
-from . import _qwen2vl_kernels as K
-from ._graphs import GraphCache, tensor_key
+from . import _kernels as K
+from ...fast._graphs import GraphCache, tensor_key
 
 __all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "PRECISIONS", "MROPE_LAYOUTS",
            "MUTANTS", "compile_only", "plan_for", "INPUT_NAMES"]
@@ -216,7 +217,7 @@ class GemmConfig:
     round_b: bool = False          # round the weight tiles to TF32 in the kernel (see _round_tf32)
     GROUP_M: int = 8
     split_k: int = 1               # residual GEMMs: K slices summed by a second kernel (small M)
-    gluon: bool = False            # sm_90, "tf32": the warp-specialized Gluon kernel (fast/_qwen2vl_gluon.py)
+    gluon: bool = False            # sm_90, "tf32": the warp-specialized Gluon kernel (operators/qwen2vl_decoder_layer/_gluon.py)
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ class AttnConfig:
     num_warps: int
     num_stages: int
     use_tma: bool = False          # K and V tiles fetched by TMA descriptors
-    gluon: bool = False            # sm_90, "tf32": the Gluon kernel (fast/_qwen2vl_gluon.py), products
+    gluon: bool = False            # sm_90, "tf32": the Gluon kernel (operators/qwen2vl_decoder_layer/_gluon.py), products
                                    # overlapped with the softmax
 
 
@@ -268,7 +269,7 @@ G = GemmConfig
 # takes the nearest size (log scale). Small M needs small tiles to occupy the 132 SMs
 # (and split-K for the 18944-long K of the down projection at 128 tokens); large M wants
 # 128 x 256 tiles with TMA. ``gluon=True`` rows run the warp-specialized Gluon kernel
-# (fast/_qwen2vl_gluon.py): it wins for the residual GEMMs from 1024-2048 tokens up (5-8%
+# (operators/qwen2vl_decoder_layer/_gluon.py): it wins for the residual GEMMs from 1024-2048 tokens up (5-8%
 # at 8192), while the Triton persistent kernel stays ahead for gate/up above 1024.
 # QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
 GPU_TABLE: dict[str, dict[int, Any]] = {
@@ -487,7 +488,7 @@ def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: 
                      mutant: str | None = None) -> torch.Tensor:
     c = plan.attention
     if _gluon_applies(c, qk, plan.attention_precision, mutant):
-        from . import _qwen2vl_gluon
+        from . import _gluon as _qwen2vl_gluon
         _qwen2vl_gluon.launch_attention(qk, vt, out, S=sh.S, B=sh.B, HKV=sh.Hkv, G=sh.G, QD=sh.QD, D=sh.D,
                                         qk_scale=LOG2E / math.sqrt(sh.D), block_m=c.BM, block_n=c.BN,
                                         stages=c.num_stages, round_p=plan.round_attn, round_out=plan.round_act,
@@ -528,7 +529,7 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
 
 
 def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
-    from . import _qwen2vl_gluon
+    from . import _gluon as _qwen2vl_gluon
     _qwen2vl_gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
                           group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_persistent_programs(a),
                           gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])

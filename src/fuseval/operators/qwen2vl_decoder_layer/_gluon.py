@@ -33,7 +33,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._qwen2vl_kernels import _online_softmax, _round_tf32, _tile_coords
+from ._kernels import _online_softmax, _round_tf32, _tile_coords
 
 
 @gluon.jit

@@ -1,0 +1,14 @@
+"""SOL-ExecBench Quant/028: the NVFP4 (W4A4) QKV projection of Qwen3 with per-head q/k
+RMSNorm and RoPE, GQA 32/8 heads, bf16 outputs in [B, heads, S, D].
+
+``reference.py``: the float64 oracle (after the benchmark's own float32 activation
+quantizer), the benchmark's reference as it runs (``sol_reference``), torch baselines and
+the benchmark's input generator; ``fast.py`` with ``_gluon.py``: the Triton fast path."""
+from .. import OperatorSpec
+
+SPEC = OperatorSpec(
+    name="nvfp4_qkv_rope",
+    package=__name__,
+    inputs={"benchmark": ".reference:benchmark_inputs"},
+    cost_model=".reference:cost_model",
+)
