@@ -20,7 +20,7 @@ dev = torch.device("cuda")
 ib = generate_inputs(load("nvfp4_qkv_rope", "seed"), {"seq_len": 8192, "batch_size": 1}, seed=0, device=dev)
 ia = generate_inputs(load("qwen2vl_decoder_layer", "seed"), {"seq_len": 8192, "kv_seq_len": 8192, "batch_size": 1},
                      seed=0, device=dev)
-sh = A._shape_of(ia)
+sh = A.shape_of(ia)
 plan = A.plan_for(sh, dev)
 qk = torch.randn(sh.M, sh.QD + sh.KD, device=dev)
 vt = torch.randn(sh.B, sh.Hkv, sh.D, sh.S_pad, device=dev)

@@ -8,9 +8,9 @@ Times, per token count (``fuseval.bench.time_call``: CUDA events, warm-up, media
 flushed before each call):
 
 * ``copy``: ``x.clone()`` (reads and writes x once: the bandwidth yardstick);
-* ``amax[B]``: the first pass alone (``_amax_partials_kernel``, B elements per step);
-* ``quant[TILE:WARPS]``: ``act_quant`` (both passes) per quantizer tile / warp count, each
-  variant first checked bit for bit against ``quantize_activations``;
+* ``quant[TILE:WARPS:AMAX]``: ``act_quant`` (both passes) per quantizer tile / warp count /
+  amax step (``QuantConfig``), each variant first checked bit for bit against
+  ``quantize_activations``;
 * ``quant``, ``forward`` (W4A4), ``forward_w4a16``: the module's defaults, called eagerly
   (what a user sees: host launch work included where it exceeds the GPU's);
 * ``gpu:...``: the same calls replayed from a CUDA graph (one launch on the host), i.e.
@@ -65,8 +65,8 @@ def _host_us(fn, n: int = 100) -> float:
     return dt / n * 1e6
 
 
-def _exact(x, gw) -> bool:
-    got = F.act_quant(x, gw, codes=True)
+def _exact(x, gw, cfg) -> bool:
+    got = F.act_quant(x, gw, codes=True, config=cfg)
     want = quantize_activations(x)
     return bool(torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
                 and torch.equal(got.xs.double(), want.scaled_codes(torch.float64)))
@@ -83,27 +83,19 @@ def main():
     defn = load("nvfp4_qkv_rope", "seed")
     tiles = [tuple(int(v) for v in t.split(":")) for t in args.tiles.split(",") if t]
     blocks = [int(b) for b in args.amax_blocks.split(",") if b]
-    default = (F.QUANT_TILE, F.QUANT_WARPS, F.AMAX_BLOCK)
-    out = {"device": torch.cuda.get_device_name(), "defaults": list(default), "by_tokens": {}}
+    default = F.DEFAULT_QUANT_CONFIG
+    out = {"device": torch.cuda.get_device_name(), "defaults": default.to_dict(), "by_tokens": {}}
+    variants = [F.QuantConfig(tile, warps, default.amax_block) for tile, warps in tiles]
+    variants += [F.QuantConfig(default.tile, default.warps, blk) for blk in blocks if blk != default.amax_block]
     for tokens in (int(t) for t in args.tokens.split(",")):
         inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device="cuda")
         x, gw = inputs[0], (inputs[5], inputs[8], inputs[11])
         row = {"copy": _ms(lambda: x.clone())}
-        x16 = x.view(-1, x.shape[-1]).view(torch.int16)
-        for blk in blocks:
-            F.AMAX_BLOCK = blk
-            plan = F._quant_plan(x16.shape[0], x16.shape[1])
-            scratch = torch.empty(4 + plan.n_part, dtype=torch.int32, device="cuda")
-            row[f"amax[{blk}]"] = _ms(lambda: F._amax_partials_kernel[(plan.n_part,)](
-                x16, scratch, x16.numel(), CHUNK=plan.chunk, BLOCK=blk, X_BF16=True, num_warps=8))
-            row[f"exact:amax[{blk}]"] = _exact(x, gw)
-        F.AMAX_BLOCK = default[2]
-        for tile, warps in tiles:
-            F.QUANT_TILE, F.QUANT_WARPS = tile, warps
-            row[f"exact:quant[{tile}:{warps}]"] = _exact(x, gw)
-            row[f"quant[{tile}:{warps}]"] = _ms(lambda: F.act_quant(x, gw))
-            row[f"gpu:quant[{tile}:{warps}]"] = _graph_ms(lambda: F.act_quant(x, gw))
-        F.QUANT_TILE, F.QUANT_WARPS = default[:2]
+        for cfg in variants:
+            name = f"{cfg.tile}:{cfg.warps}:{cfg.amax_block}"
+            row[f"exact:quant[{name}]"] = _exact(x, gw, cfg)
+            row[f"quant[{name}]"] = _ms(lambda: F.act_quant(x, gw, config=cfg))
+            row[f"gpu:quant[{name}]"] = _graph_ms(lambda: F.act_quant(x, gw, config=cfg))
         for name, fn in (("quant", lambda: F.act_quant(x, gw)), ("forward", lambda: F.forward(*inputs)),
                          ("forward_w4a16", lambda: F.forward_w4a16(*inputs))):
             row[name] = _ms(fn)

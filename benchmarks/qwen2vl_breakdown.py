@@ -10,7 +10,8 @@ Phases:
              phase) time candidate tiles of each kernel at M = 128, 512, 2048, 8192 and
              at four attention shapes; each case then takes the fastest config at the
              nearest size ("auto" plan). Without it, the module's own table is used
-             (fuseval.operators.qwen2vl_decoder_layer.fast.GPU_TABLE, filled from this phase).
+             (``fast.tables("tf32")``, filled from this phase; a written table is timed with
+             ``fast.with_tables(path)`` or ``fast.variant(tables=fast.tables_from_json(path))``).
   check      every case: max abs error and matched ratio of fast (and torch TF32) against
              the float64 oracle under the benchmark tolerance; tf32x3/ieee accuracy on
              cases 5 and 15; two cases with realistic inputs
@@ -223,12 +224,14 @@ def kernel_calls(W, act, plan, precision="tf32"):
     """One launch of each kernel of the fused pipeline on fresh buffers: {kind: thunk}."""
     from fuseval.operators.qwen2vl_decoder_layer import fast as F
     x, cos, sin = act
-    sh = F._shape_of(inputs_of(W, act))
+    sh = F.shape_of(inputs_of(W, act))
     M, H = sh.M, sh.H
     x2 = x.view(M, H)
-    e = lambda *s: torch.empty(*s, device=x.device)
-    h, qk, vt, attn, x1, h2, a, out = (e(M, H), e(M, sh.QD + sh.KD), e(sh.B, sh.Hkv, sh.D, sh.S_pad),
-                                      e(M, sh.QD), e(M, H), e(M, H), e(M, sh.I), e(M, H))
+    e = lambda *s, dtype=torch.float32: torch.empty(*s, device=x.device, dtype=dtype)
+    act_t, qkv_t = plan.act_dtype, plan.qkv_dtype        # fp16 buffers under the "fp16" policy
+    h, qk, vt, attn, x1, h2, a, out = (e(M, H, dtype=act_t), e(M, sh.QD + sh.KD, dtype=qkv_t),
+                                      e(sh.B, sh.Hkv, sh.D, sh.S_pad, dtype=qkv_t), e(M, sh.QD, dtype=act_t),
+                                      e(M, H), e(M, H, dtype=act_t), e(M, sh.I, dtype=act_t), e(M, H))
     wqkv = (W["wq"], W["bq"], W["wk"], W["bk"], W["wv"], W["bv"])
     return {
         "norm": lambda: F.launch_norm(x2, W["w_in"], h, 1e-6, plan),
@@ -263,7 +266,7 @@ def compile_job(job):
         from fuseval.operators.qwen2vl_decoder_layer import fast as F
         W = make_weights(DEVICE, empty=True)
         act = make_activations(B, S, DEVICE, empty=True)
-        plan = F.plan_for(F._shape_of(inputs_of(W, act)), torch.device(DEVICE), precision, tuning=tuning)
+        plan = F.plan_for(F.shape_of(inputs_of(W, act)), torch.device(DEVICE), precision, tuning=tuning)
         with F.compile_only():
             kernel_calls(W, act, plan, precision)[kind]()
         return job, None, time.time() - t0
@@ -277,7 +280,7 @@ def plan_jobs(B, S, precision, tuning, seen):
     W = make_weights("meta", empty=True)
     act = make_activations(B, S, "meta", empty=True)
     device = torch.device(DEVICE, 0) if DEVICE == "cuda" else torch.device("cpu")
-    plan = F.plan_for(F._shape_of(inputs_of(W, act)), device, precision, tuning=tuning)
+    plan = F.plan_for(F.shape_of(inputs_of(W, act)), device, precision, tuning=tuning)
     jobs = []
     for kind in KINDS:
         key = compile_key(kind, plan)
@@ -324,7 +327,7 @@ def explore(W, results, failed=()):
         for M in GEMM_M:
             act = make_activations(1, M, DEVICE)
             inputs = inputs_of(W, act)
-            sh = F._shape_of(inputs)
+            sh = F.shape_of(inputs)
             x2 = act[0].view(M, H)
             a_attn = torch.randn(M, sh.QD, device=DEVICE)
             a_act = torch.randn(M, I, device=DEVICE)
@@ -358,7 +361,7 @@ def explore(W, results, failed=()):
     for B, S in ATTN_BS:
         act = make_activations(B, S, DEVICE)
         inputs = inputs_of(W, act)
-        sh = F._shape_of(inputs)
+        sh = F.shape_of(inputs)
         qk = torch.randn(sh.M, sh.QD + sh.KD, device=DEVICE)
         vt = torch.randn(B, sh.Hkv, sh.D, sh.S_pad, device=DEVICE)
         out = torch.empty(sh.M, sh.QD, device=DEVICE)
@@ -385,7 +388,7 @@ def explore(W, results, failed=()):
 
 def write_table(table, path):
     """The fastest variant of each kernel at each measured size, in the JSON form that
-    FUSEVAL_QWEN2VL_TABLE (fuseval.operators.qwen2vl_decoder_layer.fast) reads."""
+    ``fast.tables_from_json`` reads (extra keys "name" and "ms" beside each "config")."""
     import dataclasses
     space = variant_space()
     out = {}
@@ -442,12 +445,12 @@ def check_phase(W, tunings, results, cases):
         inputs = inputs_of(W, make_activations(B, S, DEVICE, seed=100 + idx))
         ref = reference(*inputs)[0]
         row = dict(case=idx, B=B, S=S)
-        runs = [("fast", lambda: F._run(inputs, tuning=tunings.get(idx))),
+        runs = [("fast", lambda: F.variant(tuning=tunings.get(idx))(*inputs)),
                 ("torch_tf32", lambda: torch_eager_tf32(*inputs))]
         if idx in (5, 15):
-            runs.append(("fast_tf32x3", lambda: F._run(inputs, precision="tf32x3")))
+            runs.append(("fast_tf32x3", lambda: F.forward(*inputs, precision="tf32x3")))
         if idx == 5:
-            runs.append(("fast_ieee", lambda: F._run(inputs, precision="ieee")))
+            runs.append(("fast_ieee", lambda: F.forward(*inputs, precision="ieee")))
         for name, fn in runs:
             out = None
             try:
@@ -471,7 +474,7 @@ def check_phase(W, tunings, results, cases):
     for idx, B, S in [c for c in cases if c[0] in (9, 12)]:
         inputs = inputs_of(Wr, make_activations(B, S, DEVICE, seed=200 + idx, realistic=True))
         ref = reference(*inputs)[0]
-        m = compare(F._run(inputs, tuning=tunings.get(idx))[0], ref, tol)
+        m = compare(F.variant(tuning=tunings.get(idx))(*inputs)[0], ref, tol)
         rows.append(dict(case=idx, B=B, S=S, mode="realistic",
                          fast=dict(max_abs=m.max_abs, matched=m.matched_ratio, passed=m.passed)))
         print(f"check realistic case {idx}: max_abs={m.max_abs:.2e} matched={m.matched_ratio:.5f} "
@@ -488,13 +491,13 @@ def time_phase(W, tunings, results, cases, with_fp32=True):
     idx0, B0, S0 = cases[0]
     warm = inputs_of(W, make_activations(B0, S0, DEVICE, seed=299))
     for _ in range(20):
-        F._run(warm, tuning=tunings.get(idx0))
+        F.variant(tuning=tunings.get(idx0))(*warm)
         torch_eager_tf32(*warm)
     del warm
     for idx, B, S in cases:
         inputs = inputs_of(W, make_activations(B, S, DEVICE, seed=300 + idx))
         row = dict(case=idx, B=B, S=S, floor=case_floor_ms(B, S))
-        row["fast"] = bench(lambda: F._run(inputs, tuning=tunings.get(idx)))
+        row["fast"] = bench(lambda: F.variant(tuning=tunings.get(idx))(*inputs))
         row["torch_tf32"] = bench(lambda: torch_eager_tf32(*inputs))
         if with_fp32:
             row["torch_fp32"] = bench(lambda: torch_eager(*inputs), rep=20)
@@ -512,7 +515,7 @@ def breakdown_phase(W, tunings, results, cases):
     for idx, B, S in cases:
         act = make_activations(B, S, DEVICE, seed=400 + idx)
         inputs = inputs_of(W, act)
-        sh = F._shape_of(inputs)
+        sh = F.shape_of(inputs)
         plan = F.plan_for(sh, act[0].device, "tf32", tuning=tunings.get(idx))
         calls = kernel_calls(W, act, plan)
         for fn in calls.values():

@@ -2,11 +2,12 @@
 what each config costs: shared memory, registers, spills, wgmma count. A config that
 needs more than the 227 KB of shared memory, or spills heavily, is not worth device time.
 
-    PYTHONPATH=src python benchmarks/sm90_compile.py [--only qkv,o_proj,...]
+    PYTHONPATH=src python benchmarks/sm90_compile.py [--only qkv,o_proj,...] [--table] [--precision fp16]
 
 How: Triton is imported without the interpreter and with a stand-in driver that reports
 an sm_90 target; the launchers run in ``compile_only`` mode (``kernel.warmup``), which
-compiles without launching. ptxas from Triton's wheel gives registers and spills.
+compiles without launching. ptxas from Triton's wheel gives registers and spills. Op B's Gluon
+kernel: ``--gluon CONFIGS``; op B's Triton kernels: benchmarks/probes/nvfp4_sm90_compile.py.
 """
 from __future__ import annotations
 
@@ -110,30 +111,6 @@ def _compile_and_report(kind: str, name: str, compile_fn) -> None:
               f"  {time.time() - t0:.1f}{fits}", flush=True)
 
 
-def _nvfp4(configs: list[str], tokens: int) -> None:
-    """Op B: compile the fused kernel for each 'BM,BK,WARPS,STAGES[,flags]' config."""
-    from fuseval.definitions import load
-    from fuseval.operators.nvfp4_qkv_rope import fast as F
-    from fuseval.inputs import generate_inputs
-    defn = load("nvfp4_qkv_rope")
-    inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device=torch.device("cpu"))
-    for text in configs:
-        cfg = F.KernelConfig.parse(text)
-        plan = F._plan(inputs, 0, cfg, 0, False, False)
-        plan.consts["INTERP"] = False
-        if cfg.block_k % 64 == 0:
-            plan.consts["SCALE_I32"] = True
-        _compile_and_report("nvfp4", text, lambda: F._nvfp4_qkv_rope_kernel.warmup(
-            *_nvfp4_args(F, inputs), grid=plan.grid, GS_FROM_PTR=False, **plan.consts))
-
-
-def _nvfp4_args(F, inputs):
-    (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
-    out = torch.empty(1, dtype=torch.bfloat16)
-    return (x, cos, sin, wq, sq, wk, sk, wv, sv, x, x, float(gq), float(gk), float(gv), qn, kn, float(eps),
-            out, out, out, out, x.shape[0] * x.shape[1], x.shape[1])
-
-
 def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,W_AS_A]]' config."""
     from fuseval.definitions import load
@@ -164,7 +141,8 @@ def main():
     ap.add_argument("--table", action="store_true",
                     help="op A: compile the module's H200 table (each distinct config once) instead of "
                          "the exploration's variant space")
-    ap.add_argument("--nvfp4", default="", help="op B configs to compile, ';'-separated")
+    ap.add_argument("--precision", default="tf32", choices=("tf32", "fp16"),
+                    help="op A: the precision policy (and, with --table, its table)")
     ap.add_argument("--gluon", default="", help="op B Gluon configs 'BM,BK,STAGES[,HPT[,W_AS_A[,WARPS]]]', ';'-separated")
     args = ap.parse_args()
     _install_driver()
@@ -172,22 +150,19 @@ def main():
     if args.gluon:
         _nvfp4_gluon(args.gluon.split(";"), args.tokens)
         return
-    if args.nvfp4:
-        _nvfp4(args.nvfp4.split(";"), args.tokens)
-        return
     from fuseval.operators.qwen2vl_decoder_layer import fast as F
-    F._interpreting = lambda: False
     sys.path.insert(0, os.path.dirname(__file__))
     import qwen2vl_breakdown as B                  # variant_space and kernel_calls
     B.DEVICE = "cpu"
     W = B.make_weights("cpu", empty=True)
     act = B.make_activations(1, args.tokens, "cpu", empty=True)
-    sh = F._shape_of(B.inputs_of(W, act))
+    sh = F.shape_of(B.inputs_of(W, act))
     only = set(filter(None, args.only.split(",")))
     space = B.variant_space()
     if args.table:
-        space = {kind: {f"table@{size}": cfg for size, cfg in rows.items()} for kind, rows in F.GPU_TABLE.items()}
-        space["attention"] = {f"table@S{size}": cfg for size, cfg in F.GPU_ATTENTION.items()}
+        tables = F.tables(args.precision)
+        space = {kind: {f"table@{size}": cfg for size, cfg in rows.items()} for kind, rows in tables.gemm.items()}
+        space["attention"] = {f"table@S{size}": cfg for size, cfg in tables.attention.items()}
         for kind, rows in space.items():       # each distinct config once
             seen = set()
             space[kind] = {name: cfg for name, cfg in rows.items() if not (cfg in seen or seen.add(cfg))}
@@ -195,11 +170,11 @@ def main():
         if only and kind not in only:
             continue
         for name, cfg in variants.items():
-            plan = F.plan_for(sh, torch.device("cuda"), "tf32", tuning=B.tuning_for(kind, cfg))
+            plan = F.plan_for(sh, torch.device("cuda"), args.precision, tuning=B.tuning_for(kind, cfg))
 
             def compile_kernel():
                 with F.compile_only():
-                    B.kernel_calls(W, act, plan)[kind]()
+                    B.kernel_calls(W, act, plan, args.precision)[kind]()
             _compile_and_report(kind, name, compile_kernel)
 
 

@@ -6,7 +6,9 @@ the oracle rounded once), then time it (CUDA events, L2 flushed, median) at the 
 counts M = B*S of the 16 benchmark cases. For comparison it times cuBLAS on the same GEMM
 with the weights already dequantized to bf16 (no norm, no RoPE). Prints a table, the
 estimated suite mean of each config and of the best config per M, and writes
-``sweep.json`` and ``best_table.txt`` (a value for FUSEVAL_NVFP4_QKV_ROPE_TABLE) to --out.
+``sweep.json`` and ``best_table.json`` (the best config per M as a tile table, the format of
+``fast.options()["tile_table"]``, which ``fast.forward(..., config=table)`` and
+``fast.variant(config=table)`` take) to --out.
 
   PYTHONPATH=src python3 benchmarks/sweep_nvfp4_qkv_rope.py --out /tmp/sweep
 """
@@ -135,10 +137,12 @@ def main() -> int:
     if len(best) == len(sizes):
         lines.append(f"suite mean best-per-M: {suite(lambda m: best[m][0]):.4f} ms; cuBLAS GEMM only "
                      f"{suite(lambda m: cublas[m]):.4f} ms; floor {1e3 * suite(lambda m: floor[m]):.4f} ms")
-        table = ";".join(f"{'inf' if m == sizes[-1] else m}:{best[m][1]}" for m in sizes)
-        with open(os.path.join(args.out, "best_table.txt"), "w") as f:
-            f.write(table + "\n")
-        lines.append(f"best table: {table}")
+        table = [{"max_tokens": None if m == sizes[-1] else m,
+                  "config": fast.KernelConfig.parse(best[m][1]).to_dict()} for m in sizes]
+        with open(os.path.join(args.out, "best_table.json"), "w") as f:
+            json.dump(table, f, indent=1)
+        lines.append("best table: " + "; ".join(f"{row['max_tokens'] or 'inf'}: {best[m][1]}"
+                                                for row, m in zip(table, sizes)))
     with open(os.path.join(args.out, "sweep.json"), "w") as f:
         json.dump({"seed": args.seed, "ceilings": ceil.__dict__, "sizes": sizes, "case_m": case_m,
                    "cublas_ms": cublas, "results": results, "dequant_exact": dequant_exact,

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from fuseval import baseline, cli
+from fuseval import baseline, bench, cli, ops
 from fuseval.errors import EXIT_BAD_FILE, EXIT_REGRESSION, EXIT_UNKNOWN_OPERATOR, FusevalError
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
@@ -174,6 +174,65 @@ def test_stage_metrics_from_the_budget_are_recorded_and_compared():
     entry["median"] = 10 * entry["median"] + 1e-3
     flagged = baseline.compare(doc, worse).regressions
     assert [(f.group, f.name, f.metric) for f in flagged] == [("stages", "proj", "local.max_abs")]
+
+
+# --------------------------------------------------------------------------- latency
+def test_latency_is_timed_by_the_bench_timer(monkeypatch):
+    """A baseline's latencies come from fuseval.bench.time_call, under its default rules
+    (L2 flushed, adaptive repetitions): one timer for bench and baseline. A baseline with
+    a timer of its own (no flush, a fixed 20 repetitions) never calls it and fails here."""
+    calls = []
+
+    def recording_timer(fn, *, device, **rules):
+        out = fn()
+        calls.append((torch.device(device).type, rules, tuple(o.shape for o in out)))
+        return bench.Timing(0.25 * len(calls), 0.2, 0.3, 0.2, 10)
+
+    monkeypatch.setattr(bench, "time_call", recording_timer)
+    operator = ops.get(OP, "small")
+    subject = baseline._subject(operator, "torch", torch.device("cpu"), isolate=False)
+    selected = operator.definition.cases("0-1")
+    per_case = {c.index: {"latency_ms": []} for c in selected}
+    baseline._latencies(subject, "torch", selected, 0, "benchmark", torch.device("cpu"), per_case)
+    assert [per_case[c.index]["latency_ms"] for c in selected] == [[0.25], [0.5]]
+    assert [(device, rules) for device, rules, _ in calls] == [("cpu", {}), ("cpu", {})]
+    assert all(len(shapes) == 3 for _, _, shapes in calls)      # the implementation ran on the case's inputs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpu_latency_baseline_records_the_timer_rules():
+    doc = baseline.collect(OP, "torch", config="small", cases="0", device="cuda", seeds=3, stages=False)
+    assert doc["timer"] == bench.timer_rules() and doc["timer"]["l2_flush_bytes"] > 0
+    lat = doc["cases"]["0"]["latency_ms"]
+    assert 0 < lat["median"] <= lat["max"] and "latency" in doc["sources"]
+    assert baseline.compare(doc, doc).passed
+
+
+def test_compare_notes_latencies_timed_under_other_rules():
+    lat = {"median": 1.0, "max": 1.01, "spread": 0.01}
+    base = _doc(1e-3, 0, latency=lat, device_name="H200")
+    cur = copy.deepcopy(base)
+    for d, flush in ((base, 0), (cur, bench.L2_FLUSH_BYTES)):
+        d["sources"] = ["check", "latency"]
+        d["timer"] = {**bench.timer_rules(), "l2_flush_bytes": flush}
+    assert any("different rules" in n for n in baseline.compare(base, cur).notes)
+    assert not any("different rules" in n for n in baseline.compare(cur, cur).notes)
+
+
+def test_saved_baseline_is_strict_json_with_non_finite_values(tmp_path):
+    doc = _doc(float("inf"), float("inf"))
+    doc["cases"]["0"]["outputs"]["q"]["max_abs"]["max"] = float("inf")
+    doc["cases"]["0"]["outputs"]["q"]["rel_l2"] = {"median": 1.23456789e-4, "max": 2e-4, "spread": 7.654321e-5}
+    path = baseline.save(doc, str(tmp_path / "b.json"))
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    raw = json.loads(open(path).read(), parse_constant=refuse)
+    assert raw["cases"]["0"]["outputs"]["q"]["max_abs"] == {"median": "inf", "max": "inf", "spread": "inf"}
+    assert raw["cases"]["0"]["outputs"]["q"]["rel_l2"]["median"] == 1.23457e-4     # 6 significant digits
+    again = baseline.load(path)
+    assert _flagged(again, _doc(1.0, 0)) == []                  # inf read back as inf: nothing exceeds it
 
 
 # --------------------------------------------------------------------------- files and CLI

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from fuseval import bench
+from fuseval import bench, bench_render, operators
 from fuseval.cli import main as cli_main
 from fuseval.definitions import load
 from fuseval.errors import EXIT_NO_DEVICE, EXIT_OK
@@ -140,7 +140,7 @@ def test_report_suite_means_floor_fraction_and_speedup():
 
 def test_write_outputs_json_table_and_plot(tmp_path):
     report = _report(check=True)
-    paths = bench.write_outputs(report, str(tmp_path))
+    paths = bench_render.write_outputs(report, str(tmp_path))
     assert sorted(p.rsplit("/", 1)[1] for p in paths) == ["bench.json", "bench.png", "bench.txt"]
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["summary"]["suite_mean_ms"]["fast"] == 1.0
@@ -156,19 +156,63 @@ def test_report_shows_the_floor_at_the_sustained_rate(tmp_path):
     assert s["sustained_floor_mean_ms"] == pytest.approx(0.9375)
     assert s["fraction_of_sustained_floor"]["fast"] == pytest.approx(0.9375)
     assert s["fraction_of_floor"]["fast"] == pytest.approx(0.75)      # the burst floor is unchanged
-    lines = bench.sustained_lines(report)
+    lines = bench_render.sustained_lines(report)
     assert lines == ["sustained ceilings (second half of 4 s of back-to-back products): "
                      "bf16 631 TFLOP/s (80.0% of the burst ceiling)",
                      "floor at the sustained rate: 0.9375 ms (suite mean); fast reaches 93.8% of it. It binds "
                      "only the cases whose kernels draw the GPU to its power cap (their clock falls below the "
                      "ceilings'); a kernel that runs at full clock can go below it"]
-    bench.write_outputs(report, str(tmp_path), plot=False)
+    bench_render.write_outputs(report, str(tmp_path), plot=False)
     text = (tmp_path / "bench.txt").read_text()
     assert "fast % sust. floor" in text and "93.8%" in text and "sustained for 4 s: bf16 631" in text
     data = json.loads((tmp_path / "bench.json").read_text())
     assert data["cases"][1]["floor_sustained_ms"] == pytest.approx(1.5625)
     plain = _report()
-    assert bench.sustained_lines(plain) == [] and "sustained_floor_mean_ms" not in plain.summary()
+    assert bench_render.sustained_lines(plain) == [] and "sustained_floor_mean_ms" not in plain.summary()
+
+
+def test_bench_json_records_the_fast_options_and_the_terminal_shows_them(tmp_path):
+    report = _report()
+    tiles = {str(2 ** i): {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 3} for i in range(6, 14)}
+    report.fast_options = {"attention": {"block_m": 128, "num_warps": 8}, "precision": "tf32",
+                           "graph_max_tokens": 512, "tile_table": tiles}
+    bench_render.write_outputs(report, str(tmp_path), plot=False)
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["fast_options"] == report.fast_options              # everything, the long table included
+    text = (tmp_path / "bench.txt").read_text()
+    lines = [ln for ln in text.splitlines() if ln.startswith("fast options:")]
+    # one line: short values in full, the long table by name
+    assert lines == ['fast options: attention={"block_m": 128, "num_warps": 8}; graph_max_tokens=512; '
+                     'precision=tf32; in bench.json: tile_table']
+    report.fast_options = {}
+    assert bench_render.fast_options_lines(report) == [
+        "fast options: none declared (the operator's spec names no fast_options for 'fast')"]
+    report.fast_options, report.fast = None, None          # no fast path timed: nothing to say
+    assert bench_render.fast_options_lines(report) == []
+
+
+def test_bench_json_is_strict_json_with_non_finite_values(tmp_path):
+    """A NaN or infinite number (a ratio over a zero latency, a failed metric) is written
+    as a string, so every JSON reader accepts the file (json.dump would write NaN)."""
+    report = _report(check=True)
+    report.cases[0].check["fast"]["outputs"]["out"]["max_abs"] = float("inf")
+    report.cases[1].check["torch"]["outputs"]["out"]["rel_l2"] = float("nan")
+    bench_render.write_outputs(report, str(tmp_path), plot=False)
+
+    def refuse(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+    data = json.loads((tmp_path / "bench.json").read_text(), parse_constant=refuse)
+    assert data["cases"][0]["check"]["fast"]["outputs"]["out"]["max_abs"] == "inf"
+    assert data["cases"][1]["check"]["torch"]["outputs"]["out"]["rel_l2"] == "nan"
+
+
+def test_timer_rules_are_what_bench_json_records():
+    rules = bench.timer_rules()
+    assert rules == {"warmup_ms": bench.WARMUP_MS, "rep_ms": bench.REP_MS, "min_reps": bench.MIN_REPS,
+                     "max_reps": bench.MAX_REPS, "l2_flush_bytes": bench.L2_FLUSH_BYTES,
+                     "timer": "cuda events, median"}
+    assert bench.timer_rules(flush=False)["l2_flush_bytes"] == 0
+    assert bench.timer_rules(rep_ms=5)["rep_ms"] == 5
 
 
 def test_run_bench_rejects_a_negative_sustained_time():
@@ -207,4 +251,7 @@ def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     assert 0.3 * burst < steady < 1.1 * burst
     assert cb.floor_sustained_ms >= 0.9 * cb.floor_ms
     assert clocks["sustained_ceilings"]["bf16"]["samples"] >= 1
-    bench.write_outputs(report, str(tmp_path))
+    assert report.fast_options == operators.spec("nvfp4_qkv_rope").options_of_fast()
+    assert report.settings["l2_flush_bytes"] == bench.L2_FLUSH_BYTES
+    bench_render.write_outputs(report, str(tmp_path))
+    assert json.loads((tmp_path / "bench.json").read_text())["fast_options"] == report.fast_options

@@ -35,33 +35,42 @@ def test_fast_path_is_within_budget_with_every_stage_tapped(op):
     assert r.passed, r.to_markdown()
 
 
-# fast-path mutants of op A (fuseval.operators.qwen2vl_decoder_layer.fast.variant) and the stage each breaks.
-# eps_outside_sqrt runs under precision "ieee": under the default TF32 policy the norm output is
-# stored TF32-rounded (10-bit mantissa), and a misplaced eps (a relative change of about 5e-7) is
-# far below that precision, so no budget can attribute it to the norm stage.
+# fast-path mutants (each operator's ``fast.variant(mutant=name)``, names from ``fast.MUTANTS``)
+# and the stage each breaks. eps_outside_sqrt runs under precision "ieee": under the default
+# TF32 policy the norm output is stored TF32-rounded (10-bit mantissa), and a misplaced eps (a
+# relative change of about 5e-7) is far below that precision, so no budget can attribute it to
+# the norm stage.
 FAST_A_MUTANTS = [("noncausal_attention", "tf32", "attention"), ("kv_head_mod", "tf32", "attention"),
                   ("mrope_wrong_axis", "tf32", "mrope"), ("missing_residual", "tf32", "o_proj"),
                   ("missing_final_residual", "tf32", "residual"), ("silu_on_up", "tf32", "act"),
                   ("eps_outside_sqrt", "ieee", "input_norm")]
 
 
+def test_the_mutant_tables_name_known_mutants():
+    """Both operators' catalogues are dicts name -> what it breaks; the tables here use them."""
+    for op in OPS:
+        module = _fast(op)
+        assert isinstance(module.MUTANTS, dict) and all(isinstance(v, str) and v for v in module.MUTANTS.values())
+        with pytest.raises(ValueError, match="mutant"):
+            module.variant(mutant="no_such_bug")
+    assert {m for m, _, _ in FAST_A_MUTANTS} <= set(_fast("qwen2vl_decoder_layer").MUTANTS)
+    assert "rope_halves_swapped" in _fast("nvfp4_qkv_rope").MUTANTS
+
+
 @pytest.mark.parametrize("mutant, precision, stage", FAST_A_MUTANTS)
 def test_fast_mutants_of_op_a_are_localized(mutant, precision, stage):
     module = _fast("qwen2vl_decoder_layer")
-    impl = module.variant(mutant, precision=precision)
+    impl = module.variant(mutant=mutant, precision=precision)
     r = run_budget("qwen2vl_decoder_layer", impl, config=CONFIG, cases="5", device=DEVICE, baselines=False)
     assert r.first_over_budget == stage, r.to_markdown()
 
 
 def test_fast_production_only_mutant_of_op_b_fails_end_to_end():
-    """Op B's planted bugs live in the fused production kernel only; its staged path is
-    correct, so the stages pass and the final verdict (and the staged/forward
-    disagreement note) catches them."""
+    """Op B's planted bugs live in the fused production kernel only; its variant's staged
+    path is the production arithmetic, so the stages pass and the final verdict (and the
+    staged/forward disagreement note) catches them."""
     module = _fast("nvfp4_qkv_rope")
-
-    def broken(*inputs):
-        return module.forward(*inputs, _mutant=module.MUTANTS["rope_halves_swapped"])
-    broken.staged = module.forward.staged
+    broken = module.variant(mutant="rope_halves_swapped")
     r = run_budget("nvfp4_qkv_rope", broken, config=CONFIG, cases="5", device=DEVICE, baselines=False)
     c = r.cases[0]
     assert all(s.passed for s in c.stages) and c.first_over_budget == "end_to_end"

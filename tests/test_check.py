@@ -496,6 +496,205 @@ def test_unknown_device_request_is_rejected():
         run(OP_A, "torch", device="cuda")
 
 
+# ====================================================================== blind tolerances
+def b_half_value(*x):
+    q, k, v = _correct_b(*x)
+    return q, k, v * 0.5
+
+
+def _rms(t) -> float:
+    # independent of fuseval.comparison.rms: every element is finite here
+    return float(t.double().pow(2).mean().sqrt())
+
+
+def _with_atol(op, atol, config="small"):
+    from dataclasses import replace as _replace
+    d = load(op, config)
+    return _replace(d, tolerance=_replace(d.tolerance, atol=atol), case_tolerances=())
+
+
+def test_half_value_states_fails_on_the_small_config():
+    """value_states * 0.5 used to pass 16/16 on small (V's magnitude under atol); the
+    scaled-down inputs must make V visible on every case."""
+    report = check(OP_B, b_half_value, config="small", device="cpu", hygiene=False, predict=False)
+    assert all("tolerance" in c.violations for c in report.cases), [c.violations for c in report.cases]
+    assert all(c.outputs[2].name == "value_states" and not c.outputs[2].passed for c in report.cases)
+    assert all(c.outputs[0].passed and c.outputs[1].passed for c in report.cases)
+
+
+@pytest.mark.parametrize("op", [OP_A, OP_B])
+@pytest.mark.parametrize("config", ["small", "tiny"])
+@pytest.mark.parametrize("mode", ["benchmark", "realistic"])
+def test_no_output_is_blind_on_the_scaled_down_configs(op, config, mode):
+    report = check(op, "torch", config=config, device="cpu", hygiene=False, predict=False, mode=mode)
+    assert report.passed
+    assert report.blind == [], [b.describe() for b in report.blind]
+
+
+def test_a_blind_tolerance_is_reported_per_case_and_output():
+    # on small, |value_states| has RMS about 0.16 and |query|, |key| about 1.4: atol 0.05 is
+    # past 10% of V's RMS only
+    d = _with_atol(OP_B, 0.05)
+    report = check(d, "torch", config="seed", cases="0,5", device="cpu", hygiene=False, predict=False)
+    blind = report.blind
+    assert [(b.case, b.output, b.atol) for b in blind] == [(0, "value_states", 0.05), (5, "value_states", 0.05)]
+    from fuseval.inputs import generate_inputs
+    for b in blind:
+        case = d.cases(str(b.case))[0]
+        v = op_b.reference(*generate_inputs(d, case.axes, seed=b.case))[2]
+        assert b.rms == pytest.approx(_rms(v), rel=1e-9)
+        assert 0.1 * b.rms <= 0.05 < 0.1 * _rms(op_b.reference(*generate_inputs(d, case.axes, seed=b.case))[0])
+    d_json = report.to_dict()["blind"]
+    assert [r["output"] for r in d_json] == ["value_states", "value_states"]
+
+
+def test_blindness_is_what_lets_a_wrong_kernel_pass():
+    """The mutant the blind list exists for: with atol past every output's scale,
+    value_states * 0.5 passes the tolerance, and the report says the tolerance is blind."""
+    d = _with_atol(OP_B, 1.0)
+    report = check(d, b_half_value, config="seed", cases="0", device="cpu", hygiene=False, predict=False)
+    assert report.passed
+    assert {b.output for b in report.blind} == {"query_states", "key_states", "value_states"}
+
+
+def test_blind_outputs_are_warned_about_in_the_table():
+    import io
+    from fuseval.report import print_check_report
+    report = check(_with_atol(OP_B, 0.05), "torch", config="seed", cases="0", device="cpu", hygiene=False,
+                   predict=False)
+    out = io.StringIO()
+    print_check_report(report, out)
+    warnings_ = [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
+    assert len(warnings_) == 1 and "value_states" in warnings_[0] and "atol 0.05" in warnings_[0]
+
+
+# ====================================================================== timing breakdown
+def make_slow(seconds):
+    import time as _time
+
+    def slow(*x):
+        _time.sleep(seconds)
+        return _correct_b(*x)
+    return slow
+
+
+def test_timings_say_where_the_time_went():
+    report = check(OP_B, make_slow(0.2), config="small", cases="0,1", device="cpu", predict=False)
+    assert report.passed
+    for c in report.cases:
+        assert set(c.timings) == {"inputs", "oracle", "impl", "compare", "hygiene"}
+        assert all(v >= 0 for v in c.timings.values())
+        assert 0.2 <= c.timings["impl"] < 0.2 + 1.0          # the first call only
+        assert c.timings["hygiene"] >= 0.4                    # the two later calls
+    totals = report.timings
+    assert totals["impl"] == pytest.approx(sum(c.timings["impl"] for c in report.cases))
+    assert sum(totals.values()) <= report.wall_seconds
+    d = json.loads(json.dumps(report.to_dict()))
+    assert d["timings"]["hygiene"] == pytest.approx(totals["hygiene"])
+    assert "impl" in d["cases"][0]["timings"]
+    quick = check(OP_B, make_slow(0.2), config="small", cases="0", device="cpu", predict=False, hygiene=False)
+    assert quick.cases[0].timings["hygiene"] < 0.2            # no later calls without hygiene
+
+
+def test_the_table_ends_with_one_timing_line():
+    import io
+    from fuseval.report import print_check_report
+    out = io.StringIO()
+    print_check_report(run(OP_B, "torch", cases="0"), out)
+    last = out.getvalue().rstrip().splitlines()[-1]
+    assert last.startswith("time: inputs ") and all(f"{k} " in last for k in ("oracle", "impl", "compare",
+                                                                            "hygiene", "wall"))
+
+
+# ====================================================================== the later calls' inputs
+def test_later_calls_draw_only_the_inputs_they_change(monkeypatch):
+    from fuseval import hygiene
+    from fuseval.inputs import draw_inputs as real_draw
+    drawn = []
+
+    def recording(defn, axes, **kw):
+        drawn.append(sorted(kw["names"]))
+        return real_draw(defn, axes, **kw)
+    monkeypatch.setattr(hygiene, "draw_inputs", recording)
+    d = load(OP_A, "small")
+    case = d.cases("0")[0]
+    from fuseval.inputs import generate_inputs
+    x = generate_inputs(d, case.axes, seed=0)
+    calls = hygiene.partial_calls(d, case, 0, x, "benchmark", torch.device("cpu"))
+    groups = hygiene.input_groups(d)
+    # one draw, of every drawn input once (eps is fixed and not drawn)
+    assert drawn == [sorted(s.name for s in d.inputs if not (s.is_scalar and s.value is not None))]
+    assert [c.what for c in calls] == ["only the activations changed", "only the weights changed"]
+    for call, name in zip(calls, ("activations", "weights")):
+        for i, (new, old) in enumerate(zip(call.inputs, x)):
+            if i in groups[name]:
+                assert new is not old
+                if not d.inputs[i].name.endswith("norm_weight"):      # ones in benchmark mode
+                    assert not torch.equal(new, old), d.inputs[i].name
+            else:
+                assert new is old, d.inputs[i].name           # kept: the very tensor, not a copy
+
+
+def test_later_calls_never_repeat_another_cases_inputs():
+    """The later calls' inputs are their own: not the next case's (which an implementation
+    could then answer ahead), not another seed's."""
+    from fuseval import hygiene
+    from fuseval.inputs import generate_inputs
+    d = load(OP_B, "small")
+    case5, case6 = d.cases("5,6")                  # the same shape
+    x5 = generate_inputs(d, case5.axes, seed=5)
+    later = hygiene.partial_calls(d, case5, 5, x5, "benchmark", torch.device("cpu"))
+    seen = [generate_inputs(d, case5.axes, seed=s)[0] for s in range(0, 40)]
+    h = d.input_index("hidden_states")
+    assert not any(torch.equal(later[0].inputs[h], t) for t in seen)
+
+
+def make_bad_shape_later():
+    calls = []
+
+    def bad_shape_later(*x):
+        calls.append(1)
+        q, k, v = _correct_b(*x)
+        return (q, k, v) if len(calls) == 1 else (q, k, v[..., :-1])
+    return bad_shape_later
+
+
+def test_a_later_call_with_wrong_shapes_is_bad_outputs():
+    report = run(OP_B, make_bad_shape_later(), cases="0")
+    assert "bad_outputs" in report.cases[0].violations, report.cases[0].messages
+    assert any("call with only the" in m for m in report.cases[0].messages)
+
+
+@pytest.fixture
+def hookless():
+    """The test operator of tests/hookless_operator (residual add + RMSNorm), registered
+    for one test: its only weights are norm weights, ones in benchmark mode."""
+    import hookless_operator as toy
+    from fuseval import definitions, operators
+    registry = operators.registry()
+    registry[toy.NAME] = toy.SPEC
+    yield toy.NAME
+    registry.pop(toy.NAME, None)
+    definitions._CACHE.pop(toy.NAME, None)
+
+
+def test_a_later_call_that_changes_nothing_is_not_made(hookless):
+    """Drawing ones anew gives ones: a "weights changed" call would be the first call
+    again, and its identical answer no cache. The correct implementation passes; an
+    answer cached under no key is still caught by the activations call."""
+    report = check(hookless, "torch", config="small", device="cpu", predict=False)
+    assert report.passed, [c.messages for c in report.cases]
+    memo = {}
+
+    def cached(x, residual, norm_weight, eps):
+        if "out" not in memo:
+            memo["out"] = (x + residual).clone()
+        return (memo["out"].clone(),)
+    report = check(hookless, cached, config="small", cases="0", device="cpu", predict=False)
+    assert "cached_result" in report.cases[0].violations
+    assert any("only the activations changed" in m for m in report.cases[0].messages)
+
+
 # ====================================================================== on a GPU
 CUDA = torch.cuda.is_available()
 

@@ -18,9 +18,10 @@ import pytest
 import torch
 
 from fuseval import cli
-from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_IMPL_RAISED,
-                            EXIT_IMPORT_ERROR, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_OK,
-                            EXIT_UNKNOWN_OPERATOR, EXIT_USAGE, NoDeviceError, UnknownOperatorError)
+from fuseval.errors import (EXIT_BAD_FILE, EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_IMPL_RAISED,
+                            EXIT_IMPORT_ERROR, EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_OK,
+                            EXIT_UNKNOWN_OPERATOR, EXIT_USAGE, BadFileError, FusevalError, ImplementationError,
+                            NoDeviceError, UnknownOperatorError, UsageError)
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -237,8 +238,11 @@ def test_device_cuda_without_a_gpu(capsys):
 @pytest.mark.parametrize("error, code", [
     (UnknownOperatorError("no such thing"), EXIT_UNKNOWN_OPERATOR),
     (NoDeviceError("nothing here"), EXIT_NO_DEVICE),
-    (ValueError("unknown operator mentioned, but a plain ValueError"), EXIT_USAGE),
-], ids=["unknown_operator", "no_device", "plain_value_error"])
+    (ImplementationError("cannot import module 'x'"), EXIT_IMPORT_ERROR),
+    (BadFileError("budget.json: not valid JSON"), EXIT_BAD_FILE),
+    (UsageError("--cases: case indices [99] are out of range"), EXIT_USAGE),
+    (FusevalError("unknown operator mentioned, but the code says otherwise", EXIT_NONFINITE), EXIT_NONFINITE),
+], ids=["unknown_operator", "no_device", "import", "bad_file", "usage", "explicit_code"])
 def test_exit_code_follows_the_error_type_not_its_wording(capsys, monkeypatch, error, code):
     """Messages get reworded; the exit code a CI system branches on must not move with them."""
     from fuseval.commands import check as check_command
@@ -249,6 +253,37 @@ def test_exit_code_follows_the_error_type_not_its_wording(capsys, monkeypatch, e
     rc, _, err = fuseval(capsys, "check", "--op", OP_A, "--impl", "torch")
     assert rc == code
     assert_clean_error(err, str(error))
+
+
+@pytest.mark.parametrize("error", [
+    ValueError("unknown operator mentioned, but a plain ValueError"),
+    KeyError("query_states"),
+    TypeError("unsupported operand"),
+], ids=["value_error", "key_error", "type_error"])
+def test_a_bug_in_fuseval_is_exit_70_with_a_traceback(capsys, monkeypatch, error):
+    """Any exception that is not a FusevalError is fuseval's own bug, whatever its type or
+    wording: a ValueError from fuseval's code is not the user's mistake."""
+    from fuseval.commands import check as check_command
+
+    def raising(args):
+        raise error
+    monkeypatch.setattr(check_command, "run", raising)
+    rc, _, err = fuseval(capsys, "check", "--op", OP_A, "--impl", "torch")
+    assert rc == EXIT_INTERNAL
+    assert "Traceback" in err and "raising" in err and "bug in fuseval" in err
+    assert type(error).__name__ in err
+
+
+def test_a_bug_deep_in_a_command_is_exit_70_not_a_usage_error(capsys, monkeypatch):
+    # the check itself (not the validation of the user's input) raises a ValueError:
+    # before, every ValueError became a usage error
+    fc = sys.modules["fuseval.check"]          # the module (fuseval.check is also the function)
+
+    def buggy_check(*a, **k):
+        raise ValueError("operands could not be broadcast together")
+    monkeypatch.setattr(fc, "check", buggy_check)
+    rc, _, err = fuseval(capsys, "check", "--op", OP_B, "--impl", "torch", "--cases", "0")
+    assert rc == EXIT_INTERNAL and "Traceback" in err and "broadcast" in err
 
 
 @pytest.mark.parametrize("argv, needles", [
@@ -302,3 +337,19 @@ def test_check_on_cuda(capsys, op):
                            "--cases", "0,15")
     assert rc == EXIT_OK, out + err
     assert "device=cuda" in out and case_rows(out) == [0, 15]
+
+
+def test_a_crashed_gate_component_is_exit_70_with_its_traceback(capsys, monkeypatch, tmp_path):
+    # a ValueError inside a component is fuseval's bug, not "no CUDA device" nor a usage error
+    from fuseval.gate import RUNNERS
+
+    def crashing(ctx):
+        raise ValueError("shape mismatch inside fuseval")
+    monkeypatch.setitem(RUNNERS, "check", crashing)
+    rc, out, err = fuseval(capsys, "gate", "--op", OP_B, "--impl", "torch", "--skip", "properties,budget",
+                           "--cases", "0", "--seeds", "1", "--quiet", "--out", str(tmp_path))
+    text = out + err
+    assert rc == EXIT_INTERNAL and "GATE FAILED (exit code 70)" in " ".join(text.split())
+    assert "Traceback" in text and "crashing" in text and "bug in fuseval" in text
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    assert "Traceback" in doc["components"][0]["data"]["traceback"]

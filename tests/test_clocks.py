@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fuseval import bench, clocks
+from fuseval import bench_render, clocks
 from test_bench import _report
 
 
@@ -87,10 +87,10 @@ def _clocked_report():
 
 
 def test_report_shows_the_clock_of_the_ceilings_and_of_each_case(tmp_path):
-    lines = bench.clock_lines(_clocked_report())
+    lines = bench_render.clock_lines(_clocked_report())
     assert lines == ["SM clock while timed: ceilings 1980 MHz (median; 1965-1980); "
                      "fast 1470 MHz (1425-1515, up to 690 W); power limit 700 W"]
-    bench.write_outputs(_clocked_report(), str(tmp_path), plot=False)
+    bench_render.write_outputs(_clocked_report(), str(tmp_path), plot=False)
     text = (tmp_path / "bench.txt").read_text()
     assert "fast MHz" in text and "1440" in text and "1500" in text and "SM clock while timed" in text
     data = json.loads((tmp_path / "bench.json").read_text())
@@ -99,6 +99,6 @@ def test_report_shows_the_clock_of_the_ceilings_and_of_each_case(tmp_path):
 
 def test_report_says_when_clocks_were_not_sampled():
     report = _report()
-    assert bench.clock_lines(report) == []                   # an old report: no clock section at all
+    assert bench_render.clock_lines(report) == []                   # an old report: no clock section at all
     report.settings["clocks"] = {"sampled": False, "unavailable": "nvidia-smi not found"}
-    assert bench.clock_lines(report) == ["GPU clocks not sampled (nvidia-smi not found)"]
+    assert bench_render.clock_lines(report) == ["GPU clocks not sampled (nvidia-smi not found)"]

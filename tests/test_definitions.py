@@ -262,7 +262,7 @@ def test_const_override_builds_a_custom_config():
     overrides = {"hidden_size": 48, "num_heads": 2, "num_kv_heads": 1, "head_dim": 32,
                  "intermediate_size": 40}
     a = load(OP_A, overrides)
-    assert a.config == "custom"
+    assert a.config == json.dumps(overrides)            # named by its overrides, as given
     assert a.const_axes == {**overrides, "num_rope_dims": 3}
     bound = a.resolve_axes({"batch_size": 2, "seq_len": 3, "kv_seq_len": 3})
     assert (bound["qkv_dim"], bound["kv_dim"]) == (64, 32)
@@ -272,6 +272,67 @@ def test_const_override_builds_a_custom_config():
     s = load(OP_A, "small").with_config({"intermediate_size": 32})
     assert s.const_axes["intermediate_size"] == 32 and s.const_axes["hidden_size"] == 64
     assert load(OP_A).const_axes == SPEC_CONST_A
+
+
+def test_a_json_object_on_a_named_base_keeps_the_base_case_scaling():
+    small = load(OP_B, "small")
+    text = 'small+{"hidden_size": 96}'
+    d = load(OP_B, text)
+    assert d.config == text                                     # named as given
+    assert d.const_axes == {**small.const_axes, "hidden_size": 96}
+    # the cases are small's: SPEC case 2 (seq 128, batch 32) scaled by 16 and 4
+    assert [dict(c.axes) for c in d.cases()] == [dict(c.axes) for c in small.cases()]
+    assert dict(d.cases("2")[0].axes) == {"seq_len": 8, "batch_size": 8}
+    assert not d.full_size_cases and small.with_config("tiny+{}").case_config == "tiny"
+    # the override wins over the base's own value of the same axis
+    assert load(OP_B, 'tiny+{"head_dim": 16}').const_axes["head_dim"] == 16
+
+
+def test_a_bare_json_object_is_the_seed_plus_overrides_with_full_size_cases():
+    d = load(OP_B, '{"hidden_size": 96}')
+    assert d.config == '{"hidden_size": 96}' and d.full_size_cases
+    assert d.const_axes["hidden_size"] == 96 and d.const_axes["head_dim"] == 128
+    assert dict(d.cases("2")[0].axes) == {"seq_len": 128, "batch_size": 32}
+    # a mapping is the same configuration, named by its JSON text
+    assert load(OP_B, {"hidden_size": 96}).config == '{"hidden_size": 96}'
+
+
+@pytest.mark.parametrize("config, words", [
+    ('smal+{"hidden_size": 96}', ["unknown base configuration 'smal'", "small", "tiny"]),
+    ('+{"hidden_size": 96}', ["unknown base configuration ''"]),
+    ('small+{"hidden_size": 9', ["is not valid JSON", "small+"]),
+    ('small+[96]', ["expected a JSON object", "list"]),
+    ('small+{"hidden": 96}', ["'hidden' is not a const axis", "hidden_size"]),
+    ('small+{"hidden_size": 0}', ["'hidden_size' must be a positive int", "got 0"]),
+    ('small+{"hidden_size": true}', ["must be a positive int", "True"]),
+    ('small+{"hidden_size": 40}', ["hidden_size % 16 == 0", "hidden_size=40"]),
+    ("smaller", ["unknown config 'smaller'", "NAME+{JSON}"]),
+])
+def test_bad_config_syntax_is_named_in_the_error(config, words):
+    with pytest.raises(ValueError) as info:
+        load(OP_B, config)
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_check_table_header_names_the_config_as_given(capsys):
+    rc = cli.main(["check", "--op", OP_B, "--impl", "torch", "--config", 'small+{"hidden_size": 96}',
+                   "--cases", "0", "--no-hygiene", "--no-predict", "--in-process"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert 'nvfp4_qkv_rope [small+{"hidden_size": 96}]' in out
+
+
+def test_check_table_header_says_a_bare_json_config_keeps_the_full_size_cases():
+    import io
+    from fuseval.check import check
+    from fuseval.report import print_check_report
+    tiny = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}
+    report = check(OP_B, "torch", config=tiny, cases="0", hygiene=False, predict=False)
+    assert report.cases[0].axes == {"seq_len": 128, "batch_size": 2}
+    out = io.StringIO()
+    print_check_report(report, out)
+    assert f"[{json.dumps(tiny)}: seed + overrides, full-size cases]" in out.getvalue()
 
 
 def test_op_b_override_scales_its_derived_axes():

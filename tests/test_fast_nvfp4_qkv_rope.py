@@ -13,6 +13,7 @@ inputs. ``forward_w4a16`` is the ``w4a16`` variant (bf16 activations as given).
 from __future__ import annotations
 
 import functools
+import json
 import zlib
 
 import pytest
@@ -20,8 +21,9 @@ import torch
 
 from fuseval.check import check, compare, run_case
 from fuseval.definitions import Case, load
-from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.inputs import generate_inputs
+from fuseval.operators.nvfp4_qkv_rope import _launch
+from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.operators.nvfp4_qkv_rope import reference as ref
 from fuseval.refimpl.nvfp4 import encode_e4m3fn, quantize_activations
 
@@ -79,15 +81,22 @@ def test_w4a16_variant_passes_the_check_and_differs_from_w4a4():
     assert not result.passed
 
 
-@pytest.mark.parametrize("config", ["16,64,4,1,h2", "32,32,4,1,a,h2", "16,64,4,1,a"])
+@pytest.mark.parametrize("config", ["16,64,4,1,h2", "32,32,4,1,a,h2", "16,64,4,1,a", "16,64,4,1,p",
+                                    "32,32,4,1,a,h2,p"])
 def test_tile_variants_compute_the_same_function(config):
-    """Two heads per tile (h2) and the transposed product (a, decoded W as the dot's first
-    operand) are the GPU's variants; the interpreter checks their indexing."""
+    """Two heads per tile (h2), the transposed product (a, decoded W as the dot's first
+    operand) and predecoded weights (p: decoded once per call into a bf16 copy that the
+    GEMM reads as a dense operand) are the GPU's variants; the interpreter checks their
+    indexing."""
     defn = load(OP, "small")
     inputs = generate_inputs(defn, RAGGED, seed=12)
     outs = fast.forward(*inputs, config=config)
     for o, r in zip(outs, ref.reference(*inputs)):
         assert bool(_within_rounding(o, r).all())
+    if config.endswith(",p"):
+        # the predecode in the quantizer's amax launch or in a launch of its own: the same weights
+        unfused = fast.forward(*inputs, config=config, quant_config=fast.QuantConfig(fuse_predecode=False))
+        assert all(torch.equal(a, b) for a, b in zip(outs, unfused))
     taps = {}
     staged = fast.forward.staged(*inputs, taps=taps, config=config)
     for a, b in zip(outs, staged):
@@ -297,14 +306,12 @@ def test_quantizer_mutants_are_what_they_claim():
     defn = load(OP, "small")
     inputs = generate_inputs(defn, RAGGED, seed=16)
     w4a16 = fast.forward_w4a16(*inputs)
-    weight_only = fast.forward(*inputs, _mutant=fast.MUTANTS["weight_only_activations"])
+    weight_only = fast.variant("weight_only_activations")(*inputs)
     production = fast.forward(*inputs)
-    per_token = fast.forward(*inputs, _mutant=fast.MUTANTS["per_token_amax"])
+    per_token = fast.variant("per_token_amax")(*inputs)
     for a, b, c, d in zip(w4a16, weight_only, production, per_token):
         assert torch.equal(a, b)
         assert not torch.equal(a, c) and not torch.equal(c, d)
-    with pytest.raises(ValueError, match="unknown mutant"):
-        fast.forward(*inputs, _mutant=99)
 
 
 # --------------------------------------------------------------------------- mutants
@@ -314,17 +321,43 @@ def test_the_check_rejects_each_mutant_of_the_kernel(name):
     wrong axis, RoPE halves swapped, [B,S,h,D] layout, kv heads shifted, activations not
     quantized, the quantizer's amax per token: each fails against the W4A4 oracle."""
     defn = load(OP, "small")
-    mutant = functools.partial(fast.forward, _mutant=fast.MUTANTS[name])
-    result = run_case(defn, mutant, Case(0, RAGGED), seed=13, device=CPU, hygiene=False)
+    result = run_case(defn, fast.variant(name), Case(0, RAGGED), seed=13, device=CPU, hygiene=False)
     assert not result.passed, f"mutant {name} passed the check"
     assert {"tolerance", "max_abs"} & set(result.violations), result.violations
 
 
-def test_mutant_flags_leave_the_production_kernel_alone():
+def test_the_production_variant_is_forward():
+    """variant() without a mutant is the production path, bit for bit, and its stages are
+    forward's; a mutant's .staged is the production arithmetic too (the bugs live in the
+    fused kernels), so the stages and the fused call disagree."""
     defn = load(OP, "small")
-    result = run_case(defn, functools.partial(fast.forward, _mutant=0), Case(0, RAGGED), seed=13,
-                      device=CPU, hygiene=False)
+    inputs = generate_inputs(defn, RAGGED, seed=13)
+    production = fast.variant()
+    assert production.mutant is None and callable(production.staged)
+    for a, b in zip(production(*inputs), fast.forward(*inputs)):
+        assert torch.equal(a, b)
+    broken = fast.variant("rope_halves_swapped")
+    for a, b in zip(broken.staged(*inputs), fast.forward.staged(*inputs)):
+        assert torch.equal(a, b)
+    assert not torch.equal(broken(*inputs)[0], broken.staged(*inputs)[0])
+    w4a16 = fast.variant(activations="bf16")
+    for a, b in zip(w4a16(*inputs), fast.forward_w4a16(*inputs)):
+        assert torch.equal(a, b)
+    result = run_case(defn, production, Case(0, RAGGED), seed=13, device=CPU, hygiene=False)
     assert result.passed
+
+
+def test_mutant_catalogue_and_bad_variant_requests():
+    assert all(isinstance(k, str) and isinstance(v, str) and v for k, v in fast.MUTANTS.items())
+    assert len(fast.MUTANTS) == 9
+    with pytest.raises(ValueError, match="unknown mutant 'not_a_bug'.*swapped_nibbles"):
+        fast.variant("not_a_bug")
+    with pytest.raises(ValueError, match="unknown variant option.*'tiles'"):
+        fast.variant(tiles="256")
+    with pytest.raises(ValueError, match="activations must be"):
+        fast.variant(activations="fp8")
+    with pytest.raises(ValueError, match="BM,BK,WARPS,STAGES"):
+        fast.variant(config="256,64")
 
 
 # --------------------------------------------------------------------------- stage taps
@@ -428,18 +461,65 @@ def test_bad_inputs_raise_value_errors_naming_the_input():
         fast.forward(*bad, check_values=True)
 
 
-def test_kernel_config_parsing():
-    assert fast.KernelConfig.parse("128,64,8,3,a") == fast.KernelConfig(128, 64, 8, 3, True)
-    assert fast.KernelConfig.parse("64, 128, 4, 4").w_as_a is False
-    assert fast.KernelConfig.parse("128,64,8,3,h2").heads_per_tile == 2
+def test_kernel_configs_and_tile_tables():
+    KC = fast.KernelConfig
+    assert KC.parse("128,64,8,3,a") == KC(128, 64, 8, 3, True)
+    assert KC.parse("64, 128, 4, 4").w_as_a is False
+    assert KC.parse("128,64,8,3,h2").heads_per_tile == 2
+    assert KC.parse("256,64,8,4,a,g,p") == KC(256, 64, 8, 4, True, gluon=True, predecode=True)
+    for label in ("256,64,8,4,a,h2,g,p", "16,32,4,1"):
+        assert KC.parse(label).label() == label
+        assert KC.from_dict(json.loads(json.dumps(KC.parse(label).to_dict()))) == KC.parse(label)
     with pytest.raises(ValueError):
-        fast.KernelConfig.parse("128,64,8,3,x")
+        KC.parse("128,64,8,3,x")
     with pytest.raises(ValueError, match="BM,BK,WARPS,STAGES"):
-        fast.KernelConfig.parse("128,64")
-    table = fast.parse_table("inf:128,64,8,3,a;1024:64,64,4,4")
-    assert [m for m, _ in table] == [1024, 1 << 62]
-    cfg = fast.pick_config(100, 4096, 128, CPU)
+        KC.parse("128,64")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        KC(128, 40)
+    with pytest.raises(ValueError, match="unknown field.*'tile'"):
+        KC.from_dict({"block_m": 128, "block_k": 64, "tile": 3})
+    # tables: rows as pairs or JSON dicts, sorted by their bound, None = unbounded
+    table = _launch.as_table([{"max_tokens": None, "config": "128,64,8,3,a"},
+                              (1024, {"block_m": 64, "block_k": 64, "num_warps": 4, "num_stages": 4})])
+    assert [m for m, _ in table] == [1024, fast.UNBOUNDED]
+    assert _launch.as_table(_launch.table_to_json(table)) == table
+    cuda = torch.device("cuda")        # only its type is read: no GPU needed
+    assert fast.pick_config(1024, 4096, cuda, table).block_m == 64
+    assert fast.pick_config(1025, 4096, cuda, table) == KC(128, 64, 8, 3, True)
+    cfg = fast.pick_config(100, 4096, CPU)
     assert cfg.block_m == 32 and cfg.block_k == 64
+    with pytest.raises(ValueError, match="tile table row"):
+        _launch.as_table([(1, 2, 3)])
+
+
+def test_options_report_the_tables_in_force(monkeypatch):
+    """options() is JSON and names the config pick_config takes at every bound of the
+    table; a table swapped in the launcher shows in options (it is read, not copied)."""
+    opts = json.loads(json.dumps(fast.options()))
+    cuda = torch.device("cuda")
+    for row in opts["tile_table"]:
+        bound = row["max_tokens"] or 1 << 40
+        assert fast.pick_config(bound, 4096, cuda) == fast.KernelConfig.from_dict(row["config"])
+    assert opts["quantizer"] == fast.DEFAULT_QUANT_CONFIG.to_dict()
+    other = ((fast.UNBOUNDED, fast.KernelConfig(128, 64, 8, 5, True, gluon=True, predecode=True)),)
+    monkeypatch.setattr(_launch, "H200_TABLE", other)
+    assert fast.options()["tile_table"] == _launch.table_to_json(other) != opts["tile_table"]
+    assert fast.pick_config(4096, 4096, cuda) == other[0][1]
+
+
+def test_predecoded_weights_are_the_oracles_dequant_exactly():
+    """The predecode kernel writes bf16 code * scale: times the global scale it is the
+    oracle's dequant stage exactly (at most 6 + 24 significant bits, exact in float64)."""
+    defn = load(OP, "small")
+    inputs = generate_inputs(defn, RAGGED, seed=15)
+    oracle = {}
+    ref.reference(*inputs, taps=oracle)
+    (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
+    w = _launch.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1])
+    assert w.dtype == torch.bfloat16 and tuple(w.shape) == tuple(oracle["dequant"].shape)
+    g = torch.tensor([float(gq)] * wq.shape[0] + [float(gk)] * wk.shape[0] + [float(gv)] * wv.shape[0],
+                     dtype=torch.float64)[:, None]
+    assert torch.equal(w.double() * g, oracle["dequant"])
 
 
 def test_strided_and_misaligned_inputs_give_the_same_outputs():
@@ -493,7 +573,8 @@ def test_gpu_ragged_tokens_and_exact_decode():
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("config", ["256,64,8,4,a,g", "256,64,8,5,g", "128,64,8,5,g,h2"])
+@pytest.mark.parametrize("config", ["256,64,8,4,a,g", "256,64,8,5,g", "128,64,8,5,g,h2", "256,64,8,4,a,g,p",
+                                    "128,64,8,4,a,g,p"])
 def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
     """The Hopper Gluon kernel (operators/nvfp4_qkv_rope/_gluon.py) on a ragged 3 x 333 batch and on the
     seed cases: every element within rounding of the float64 oracle, and the full check
@@ -503,7 +584,8 @@ def test_gpu_gluon_kernel_is_the_oracle_rounded_once(config):
     defn = load(OP, "seed")
     inputs = generate_inputs(defn, {"seq_len": 333, "batch_size": 3}, seed=19, device="cuda")
     cfg = fast.KernelConfig.parse(config)
-    assert fast._plan(inputs, 0, cfg, 0, False, False).gluon == cfg      # the Gluon path is taken
+    plan = _launch.plan(inputs, 0, _launch.as_table(cfg), 0, False, False)
+    assert plan.gluon == cfg and plan.predecode == cfg.predecode        # the Gluon path is taken
     for o, r in zip(fast.forward(*inputs, config=cfg), ref.reference(*inputs)):
         assert bool(_within_rounding(o, r, 1e-5).all())
     report = check(OP, functools.partial(fast.forward, config=cfg), config="seed", cases="0,9",

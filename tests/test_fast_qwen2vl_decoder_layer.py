@@ -12,6 +12,7 @@ variant (HF Qwen2-VL's mRoPE layout, ``forward_hf_mrope``) have tests of their o
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 
 import pytest
@@ -77,7 +78,7 @@ def test_fast_passes_realistic_inputs():
 def test_gpu_tile_variants_pass_under_the_interpreter(config, tuning):
     """The TMA, persistent, split-K and in-kernel-rounding code paths the GPU table uses."""
     defn, case = _case(config, 9)
-    assert fast.plan_for(fast._shape_of(_inputs(defn, case, seed=0)), CPU,
+    assert fast.plan_for(fast.shape_of(_inputs(defn, case, seed=0)), CPU,
                          tuning=tuning).qkv_heads_per_tile == tuning.get("qkv_heads_per_tile", 2 if config == "small" else 1)
     result = run_case(defn, fast.variant(tuning=tuning), case, seed=5, device=CPU, hygiene=False)
     assert result.passed, result.messages
@@ -88,7 +89,7 @@ def test_attention_never_reads_the_padding_of_vt(use_tma):
     """V^T rows are padded to S_pad keys and nobody writes the padding: NaN there must not
     reach the output (pointer loads mask it; the TMA descriptor stops at S)."""
     defn, case = _case("gqa7", 9)                        # S = 24 keys, padded to 32
-    sh = fast._shape_of(_inputs(defn, case, seed=0))
+    sh = fast.shape_of(_inputs(defn, case, seed=0))
     assert sh.S_pad > sh.S
     gen = torch.Generator().manual_seed(21)
     qk = torch.randn(sh.M, sh.QD + sh.KD, generator=gen)
@@ -121,8 +122,8 @@ def test_precision_policies():
     assert 1e-5 < err["tf32"].max_abs < defn.tolerance.atol
     ieee_attention = compare(fast.forward(*inputs, attention_precision="ieee")[0], ref, defn.tolerance)
     assert ieee_attention.passed
-    with pytest.raises(ValueError, match="precision"):
-        fast.forward(*inputs, precision="fp16")
+    with pytest.raises(ValueError, match="precision must be one of"):
+        fast.forward(*inputs, precision="bf16")
 
 
 # --------------------------------------------------------------------------- stage taps
@@ -170,9 +171,10 @@ def small_case():
     return defn, case, _inputs(defn, case, seed=2024)
 
 
-# mutants that need inputs of their own: eps_outside_sqrt (tiny activations) and
-# mrope_last_rows (tables longer than the tokens), below
-SPECIAL_INPUT_MUTANTS = ("eps_outside_sqrt", "mrope_last_rows")
+# mutants that need inputs of their own: eps_outside_sqrt (tiny activations),
+# mrope_last_rows (tables longer than the tokens) and fp16_overflow_kept (values beyond fp16
+# range under the fp16 policy), below
+SPECIAL_INPUT_MUTANTS = ("eps_outside_sqrt", "mrope_last_rows", "fp16_overflow_kept")
 
 
 @pytest.mark.parametrize("mutant", [m for m in fast.MUTANTS if m not in SPECIAL_INPUT_MUTANTS])
@@ -206,8 +208,9 @@ def test_staged_path_carries_the_mutant_too(small_case):
 
 
 def test_unknown_mutant_is_rejected():
-    with pytest.raises(ValueError, match="mutant"):
+    with pytest.raises(ValueError, match="mutant must be one of"):
         fast.variant("off_by_one")
+    assert all(isinstance(why, str) and why for why in fast.MUTANTS.values())
 
 
 # --------------------------------------------------------------------------- input errors
@@ -329,6 +332,205 @@ def test_check_rejects_the_swapped_layout_in_the_hf_variant(long_table_case):
     assert not bad.passed and "tolerance" in bad.violations
     with pytest.raises(ValueError, match="mrope_layout"):
         fast.variant(mrope_layout="qwen")
+
+
+# --------------------------------------------------------------------------- the fp16 policy
+@pytest.mark.parametrize("config,index", [("small", 5), ("gqa7", 9)])
+def test_fp16_policy_passes_the_check(config, index):
+    defn, case = _case(config, index)
+    result = run_case(defn, fast.forward_fp16, case, seed=4321, device=CPU)
+    assert result.passed, result.messages
+
+
+def _weights_as_a_tuning():
+    wa = lambda bm, bn, bk, **kw: fast.GemmConfig(bm, bn, bk, 4, 1, weights_as_a=True, **kw)
+    return dict(o_proj=wa(16, 32, 16), gate_up=wa(32, 16, 32), down=wa(16, 32, 32, split_k=2))
+
+
+@pytest.mark.parametrize("config", ["small", "gqa7"])
+def test_fp16_weights_as_a_tiles_pass_under_the_interpreter(config):
+    """The fp16 table's GEMM kernel (weights as the tensor cores' A operand, split-K for the
+    down projection) on ragged cases; planted bugs through it are rejected."""
+    defn, case = _case(config, 9)
+    inputs = _inputs(defn, case, seed=6)
+    tuning = _weights_as_a_tuning()
+    good = run_case(defn, fast.variant(precision="fp16", tuning=tuning), case, seed=0, device=CPU, inputs=inputs,
+                    hygiene=False)
+    assert good.passed, good.messages
+    for mutant in ("silu_on_up", "missing_residual", "missing_final_residual"):
+        bad = run_case(defn, fast.variant(mutant, precision="fp16", tuning=tuning), case, seed=0, device=CPU,
+                       inputs=inputs, hygiene=False)
+        assert not bad.passed and "tolerance" in bad.violations, mutant
+
+
+def test_fp16_policy_of_the_hf_variant(long_table_case):
+    """The definition's fast_fp16 of the hf_mrope variant is HF's layout under fp16."""
+    defn, case, inputs = long_table_case
+    hf = load(OP, "small", variant="hf_mrope")
+    assert hf.implementations["fast_fp16"].endswith(":forward_hf_mrope_fp16")
+    assert run_case(hf, fast.forward_hf_mrope_fp16, case, seed=0, device=CPU, inputs=inputs).passed
+    bad = run_case(defn, fast.forward_hf_mrope_fp16, case, seed=0, device=CPU, inputs=inputs, hygiene=False)
+    assert not bad.passed
+
+
+def _fp16_operand_errors(precision: str) -> dict[str, tuple[float, float]]:
+    """Per GEMM stage tap: (max abs against the float64 product of fp16-rounded operands,
+    max abs against that of the fp32 operands), the operands being the taps that fed it."""
+    defn, case = _case("small", 9)
+    inputs = _inputs(defn, case, seed=8)
+    taps: dict = {}
+    fast.forward.staged(*inputs, taps=taps, precision=precision)
+    half = lambda t: t.to(torch.float16).double()
+    wq, bq, wd = inputs[2], inputs[3], inputs[14]
+    i = inputs[12].shape[0]
+    gemms = {"qkv_proj": (taps["input_norm"], wq, bq, taps["qkv_proj"][..., :wq.shape[0]]),
+             "gate_up": (taps["post_norm"], inputs[12], None, taps["gate_up"][..., :i]),
+             "down": (taps["act"], wd, None, taps["down"])}
+    errors = {}
+    for name, (a, w, b, got) in gemms.items():
+        bias = 0 if b is None else b.double()
+        fp16_product = a.double() @ half(w).T + bias
+        fp32_product = a.double() @ w.double().T + bias
+        errors[name] = (float((got.double() - fp16_product).abs().max()),
+                        float((got.double() - fp32_product).abs().max()))
+    return errors
+
+
+def test_fp16_policy_converts_the_weights_to_fp16():
+    """Under "fp16" each GEMM tap is the product of its (fp16) activation operand with the
+    weights rounded to fp16, accumulated in fp32; the product with the fp32 weights is
+    measurably different. The "tf32" policy (exact fp32 products in the interpreter) is the
+    mutant: its taps are the fp32 products."""
+    for name, (to_fp16, to_fp32) in _fp16_operand_errors("fp16").items():
+        assert to_fp16 < 2e-5 and to_fp32 > 10 * to_fp16, (name, to_fp16, to_fp32)
+    assert all(to_fp16 > 10 * to_fp32 for to_fp16, to_fp32 in _fp16_operand_errors("ieee").values())
+
+
+def test_fp16_policy_stores_fp16_activations():
+    """The stages that only feed products hold fp16 values; input_norm is the fp32 norm
+    rounded to nearest fp16 (at most half an fp16 ulp away)."""
+    defn, case = _case("small", 9)
+    inputs = _inputs(defn, case, seed=9)
+    taps: dict = {}
+    fast.forward.staged(*inputs, taps=taps, precision="fp16")
+    for name in ("input_norm", "mrope", "attention", "post_norm", "act"):
+        assert torch.equal(taps[name], taps[name].half().float()), name
+    x, w = inputs[0].double(), inputs[1].double()
+    norm = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + float(inputs[-1])) * w
+    half_ulp = torch.ldexp(torch.ones_like(norm), torch.frexp(norm)[1] - 12)
+    assert bool(((taps["input_norm"].double() - norm).abs() <= half_ulp * 1.001).all())
+    ieee: dict = {}
+    fast.forward.staged(*inputs, taps=ieee, precision="ieee")
+    assert not torch.equal(ieee["input_norm"], ieee["input_norm"].half().float())
+
+
+def _beyond_fp16(inputs):
+    """The same layer with the input norm's output beyond fp16 range: its weight times 2^16,
+    the q/k/v weights times 2^-16 (powers of two: the oracle's output does not change)."""
+    scaled = list(inputs)
+    scaled[1] = inputs[1] * 2.0 ** 16
+    for i in (2, 4, 6):
+        scaled[i] = inputs[i] * 2.0 ** -16
+    return scaled
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy: the planted overflow
+def test_fp16_values_beyond_range_recompute_the_call_under_tf32(small_case):
+    defn, case, inputs = small_case
+    huge = _beyond_fp16(inputs)
+    ref = reference(*huge)[0]
+    assert torch.equal(ref, reference(*inputs)[0])
+    before = fast.FP16_FALLBACK.count
+    fast.forward_fp16(*inputs)
+    assert fast.FP16_FALLBACK.count == before                       # in range: no recomputation
+    for fn in (fast.forward_fp16, fast.forward_fp16.staged):
+        result = run_case(defn, fn, case, seed=0, device=CPU, inputs=huge, hygiene=False)
+        assert result.passed, result.messages
+    assert fast.FP16_FALLBACK.count == before + 2
+    assert torch.equal(fast.forward_fp16(*huge)[0], fast.forward(*huge, precision="tf32")[0])
+    mutant = fast.variant("fp16_overflow_kept", precision="fp16")
+    for fn in (mutant, mutant.staged):
+        bad = run_case(defn, fn, case, seed=0, device=CPU, inputs=huge, hygiene=False)
+        assert not bad.passed and "nonfinite" in bad.outputs[0].reasons
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy: the planted overflow
+def test_fp16_weights_beyond_range_are_caught_in_the_gemm(small_case):
+    """A weight beyond fp16 range overflows where the GEMM converts it; the accumulator is
+    then not finite, which the epilogue flags."""
+    defn, case, inputs = small_case
+    scaled = list(inputs)
+    scaled[12] = inputs[12] * 2.0 ** 20                          # gate weights ~ 1e5
+    before = fast.FP16_FALLBACK.count
+    assert torch.equal(fast.forward_fp16(*scaled)[0], fast.forward(*scaled, precision="tf32")[0])
+    assert fast.FP16_FALLBACK.count == before + 1
+    assert not torch.isfinite(fast.variant("fp16_overflow_kept", precision="fp16")(*scaled)[0]).all()
+
+
+def test_the_properties_huge_inputs_stay_in_fp16_range(small_case):
+    """The properties' "huge" hidden states (x 4096) are normalised before any fp16
+    operand: the fp16 policy passes without recomputation."""
+    defn, case, inputs = small_case
+    huge = list(inputs)
+    huge[0] = inputs[0] * 4096.0
+    before = fast.FP16_FALLBACK.count
+    result = run_case(defn, fast.forward_fp16, case, seed=0, device=CPU, inputs=huge, hygiene=False)
+    assert result.passed, result.messages
+    assert fast.FP16_FALLBACK.count == before
+
+
+def test_torch_fp16_baseline_computes_in_fp16():
+    from fuseval.operators.qwen2vl_decoder_layer.reference import torch_eager, torch_eager_fp16
+    defn, case = _case("small", 9)
+    inputs = _inputs(defn, case, seed=5)
+    ref = reference(*inputs)[0]
+    fp16 = compare(torch_eager_fp16(*inputs)[0], ref, defn.tolerance)
+    fp32 = compare(torch_eager(*inputs)[0], ref, defn.tolerance)
+    assert fp16.passed and fp16.max_abs > 10 * fp32.max_abs, (fp16.max_abs, fp32.max_abs)
+
+
+# --------------------------------------------------------------------------- options and tables
+def test_options_are_json_and_round_trip_the_tables():
+    opts = json.loads(json.dumps(fast.options()))
+    assert opts["precision"] == fast.DEFAULT_PRECISION and opts["precisions"] == list(fast.PRECISIONS)
+    for policy in ("tf32", "fp16"):
+        raw = dict(opts["tables"][policy])
+        raw.pop("source")
+        table = fast.tables_from_json(raw)
+        want = fast.plan_for(SEED_SHAPE, CUDA, policy)
+        assert fast.plan_for(SEED_SHAPE, CUDA, policy, tables=table) == want
+
+
+SEED_SHAPE = fast.Shape(B=1, S=128, H=3584, Hq=28, Hkv=4, D=128, I=18944)
+CUDA = torch.device("cuda")          # plan_for only reads the device type: no GPU needed
+
+
+def test_with_tables_changes_the_plan_of_gpu_calls_in_the_block():
+    base = fast.plan_for(SEED_SHAPE, CUDA)
+    odd = fast.GemmConfig(32, 64, 32, 4, 2)
+    raw = fast.options()["tables"]["tf32"]
+    raw.pop("source")
+    raw["o_proj"] = {"128": {"config": dataclasses.asdict(odd)}}
+    with fast.with_tables(raw):
+        assert fast.plan_for(SEED_SHAPE, CUDA).o_proj == odd
+        assert fast.options()["tables"]["tf32"]["o_proj"] == raw["o_proj"]
+        assert fast.plan_for(SEED_SHAPE, CUDA, "fp16") == fast.plan_for(SEED_SHAPE, CUDA, "fp16", tables=None)
+    assert fast.plan_for(SEED_SHAPE, CUDA) == base != dataclasses.replace(base, o_proj=odd)
+    del raw["down"]
+    with pytest.raises(ValueError, match="down"):
+        fast.tables_from_json(raw)
+
+
+def test_shape_of_uses_the_definition_once_per_signature(small_case):
+    defn, case, inputs = small_case
+    sh = fast.shape_of(inputs)
+    assert (sh.B, sh.S) == (case.axes["batch_size"], case.axes["seq_len"])
+    assert (sh.H, sh.Hq, sh.Hkv, sh.D, sh.I) == tuple(defn.const_axes[k] for k in (
+        "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"))
+    odd = list(inputs)
+    odd[9] = inputs[9][..., :12].contiguous()                   # head_dim 12 on cos only
+    with pytest.raises(ValueError, match="rope_sin|head_dim"):
+        fast.shape_of(odd)
 
 
 # --------------------------------------------------------------------------- cost model

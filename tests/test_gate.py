@@ -1,5 +1,6 @@
 """The CI gate (fuseval.gate, `fuseval gate`): verdicts, exit codes, isolation of
-components, and the JUnit / JSON / Markdown reports.
+components, operators without the implementation asked for, the timing breakdown, blind
+tolerances, and the JUnit / JSON / Markdown reports.
 
 The implementations are the plain-torch path of op B (correct) and mutants of it that each
 break one rule; every verdict the gate can give is produced by one of them. The scaled-down
@@ -7,15 +8,19 @@ configuration and a few cases keep each run to a second or two."""
 from __future__ import annotations
 
 import json
+import re
+import sys
 import xml.etree.ElementTree as ET
 
 import pytest
 import torch
 
 from fuseval import cli
-from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_IMPORT_ERROR,
-                            EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_UNKNOWN_OPERATOR, FusevalError)
-from fuseval.gate import PROFILES, ComponentResult, GateReport, run_component, run_gate
+from fuseval.errors import (EXIT_BAD_FILE, EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_IMPORT_ERROR,
+                            EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_UNKNOWN_OPERATOR, BadFileError,
+                            FusevalError)
+from fuseval.comparison import BlindOutput
+from fuseval.gate import PROFILES, RUNNERS, ComponentResult, GateReport, run_component, run_gate
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 OP = "nvfp4_qkv_rope"
@@ -95,64 +100,110 @@ def test_thin_margin_is_a_warning_and_strict_makes_it_fail():
 
 
 def test_a_component_that_raises_is_reported_and_does_not_stop_the_others(monkeypatch):
-    import fuseval.gate as gate
-
     def broken(ctx):
         raise RuntimeError("budget renderer exploded")
-    monkeypatch.setitem(gate._RUNNERS, "budget", broken)
-    monkeypatch.setattr(gate, "component_available", lambda name: (True, ""))
+    monkeypatch.setitem(RUNNERS, "budget", broken)
     report = run_gate(OP, "torch", components=["budget", "check"], cases="0", seeds=1)
     budget, check = report.components
     assert budget.status == "error" and "budget renderer exploded" in budget.summary
     assert check.status == "pass"                          # still ran after the crash
-    assert report.exit_code == EXIT_INTERNAL
+    assert report.exit_code == EXIT_INTERNAL               # a bug in fuseval, with its traceback
+    assert "Traceback" in budget.data["traceback"] and "budget renderer exploded" in budget.data["traceback"]
     xml = ET.fromstring(report.to_junit_xml())
     assert xml.get("errors") == "1"
     assert "budget renderer exploded" in report.to_markdown()
 
 
+def test_a_component_that_raises_a_fuseval_error_keeps_its_exit_code(monkeypatch):
+    # a failure fuseval knows (here: a report file it cannot use) is not a crash: its own
+    # exit code, no traceback
+    def bad_file(ctx):
+        raise BadFileError("budget-x.json: not valid JSON")
+    monkeypatch.setitem(RUNNERS, "budget", bad_file)
+    report = run_gate(OP, "torch", components=["check", "budget"], cases="0", seeds=1)
+    check, budget = report.components
+    assert check.status == "pass" and budget.status == "error"
+    assert budget.exit_code == EXIT_BAD_FILE == report.exit_code
+    assert "traceback" not in budget.data and "not valid JSON" in budget.summary
+
+
 def test_implementation_verdict_outranks_a_crashed_component(monkeypatch):
-    import fuseval.gate as gate
-    monkeypatch.setitem(gate._RUNNERS, "budget", lambda ctx: 1 / 0)
-    monkeypatch.setattr(gate, "component_available", lambda name: (True, ""))
+    monkeypatch.setitem(RUNNERS, "budget", lambda ctx: 1 / 0)
     report = run_gate(OP, nan_outputs, components=["budget", "check"], cases="0", seeds=1)
     assert report.exit_code == EXIT_NONFINITE
 
 
-def test_missing_component_module_is_skipped_not_failed(monkeypatch):
-    import fuseval.gate as gate
-    monkeypatch.setattr(gate, "component_available",
-                        lambda name: (False, "fuseval.budget is not part of this installation"))
-    result = run_component("budget", OP, "torch")
-    assert result.status == "skipped" and "not part of this installation" in result.summary
-    report = GateReport([OP], "torch", "ci", "cpu", False, [result], 0.0, "now")
+def test_operator_without_the_implementation_is_not_run_under_all(tmp_path):
+    # op B (and every other operator but op A) has no 'torch_tf32': under "all" they are
+    # reported as not run, op A runs, and the gate passes on what ran
+    from fuseval import operators
+    from fuseval.definitions import load
+    lacking = [op for op in operators.names() if "torch_tf32" not in load(op).implementations]
+    assert OP in lacking and "qwen2vl_decoder_layer" not in lacking
+    report = run_gate("all", "torch_tf32", components=["check"], cases="0", seeds=1, out=str(tmp_path))
+    by_op = {c.op: c for c in report.components}
+    assert by_op[OP].status == "skipped" and by_op[OP].summary == "not run: no implementation 'torch_tf32'"
+    assert by_op["qwen2vl_decoder_layer"].status == "pass"
+    assert report.passed and report.exit_code == 0 and report.not_run == [by_op[op] for op in lacking]
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    assert doc["not_run"] == [{"op": op, "component": "check", "reason": "no implementation 'torch_tf32'"}
+                              for op in lacking]
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    assert root.get("skipped") == str(len(lacking))
+    skipped = root.find(f".//testsuite[@name='fuseval.{OP}.check']/testcase/skipped")
+    assert skipped is not None and skipped.get("message") == "no implementation 'torch_tf32'"
+    assert "not run" in report.text() and "not run" in (tmp_path / "gate.md").read_text()
+
+
+def test_naming_an_operator_without_the_implementation_is_an_error():
+    with pytest.raises(FusevalError) as e:
+        run_gate(OP, "torch_tf32", components=["check"], cases="0", seeds=1)
+    assert e.value.exit_code == EXIT_IMPORT_ERROR and "unknown implementation 'torch_tf32'" in str(e.value)
+    with pytest.raises(FusevalError) as e:
+        run_component("check", OP, "torch_tf32", cases="0", seeds=1)
+    assert e.value.exit_code == EXIT_IMPORT_ERROR
+    # an implementation no operator has is not a pass of nothing
+    with pytest.raises(FusevalError) as e:
+        run_gate("all", "no_such_impl_anywhere", components=["check"], cases="0", seeds=1)
+    assert e.value.exit_code == EXIT_IMPORT_ERROR and "no operator has it" in str(e.value)
+
+
+def test_an_operator_without_a_budget_file_skips_only_its_budget(monkeypatch):
+    from dataclasses import replace
+
+    from fuseval import operators
+    registry = dict(operators.registry())
+    registry[OP] = replace(registry[OP], budget=None)
+    monkeypatch.setattr(operators, "_REGISTRY", registry)
+    report = run_gate(OP, "torch", components=["check", "budget"], cases="0", seeds=1)
+    check, budget = report.components
+    assert check.status == "pass"
+    assert budget.status == "skipped" and "ships no budget file" in budget.summary
     assert report.passed
-    assert ET.fromstring(report.to_junit_xml()).get("skipped") == "1"
 
 
 def test_properties_and_budget_components_run_on_a_correct_path(tmp_path):
     # the real components (ci property profile, a one-case budget): a correct path passes
     report = run_gate(OP, "torch", components=["properties", "budget"], budget_cases="0", out=str(tmp_path))
     properties, budget = report.components
-    for c in (properties, budget):
-        assert c.status in ("pass", "skipped"), c.messages     # skipped only if the module is absent
-    if properties.status == "pass":
-        assert {t.name for t in properties.tests} >= {"tolerance"}
-        assert json.loads((tmp_path / f"properties-{OP}.json").read_text())["passed"] is True
-    if budget.status == "pass":
-        assert json.loads((tmp_path / f"budget-{OP}.json").read_text())["passed"] is True
-        assert (tmp_path / f"budget-{OP}.md").exists()
+    assert properties.status == "pass" and budget.status == "pass", properties.messages + budget.messages
+    assert {t.name for t in properties.tests} >= {"tolerance"}
+    assert all(t.status == "pass" for t in properties.tests + budget.tests)
+    assert json.loads((tmp_path / f"properties-{OP}.json").read_text())["passed"] is True
+    assert json.loads((tmp_path / f"budget-{OP}.json").read_text())["passed"] is True
+    assert (tmp_path / f"budget-{OP}.md").exists()
+    assert {t.name for t in budget.tests} >= {"stage end_to_end"}
+    assert budget.summary.startswith("1/1 cases within budget")
 
 
 def test_properties_and_budget_components_fail_a_broken_path():
-    pytest.importorskip("fuseval.budget.runner")
-    pytest.importorskip("fuseval.properties.fast_vs_reference")
     report = run_gate(OP, thin_margin, components=["properties", "budget"], budget_cases="0", seeds=1)
     properties, budget = report.components
     assert properties.status == "fail" and report.exit_code == EXIT_CHECK_FAILED
     assert any("reproduce" in m for m in properties.messages)      # the failure says how to rerun it
     assert any(t.status == "fail" for t in properties.tests)
     assert budget.status == "fail" and budget.messages and "budget" in budget.messages[0]
+    assert any(t.status == "fail" for t in budget.tests)       # the stage (or end to end) over budget
 
 
 def test_bad_gate_input_raises_with_distinct_exit_codes():
@@ -166,6 +217,12 @@ def test_bad_gate_input_raises_with_distinct_exit_codes():
         run_gate(OP, "torch", profile="nightly", **FAST)
     with pytest.raises(FusevalError, match="unknown gate component"):
         run_gate(OP, "torch", components=["lint"])
+    for bad, needle in ((dict(device="tpu"), "cpu, cuda or cuda:N"), (dict(cases="99"), "out of range"),
+                        (dict(config="bogus"), "unknown config"), (dict(warn_margin=2.0), "warn_margin"),
+                        (dict(mode="weird"), "mode"), (dict(budget_cases="0,0"), "more than once")):
+        with pytest.raises(FusevalError, match=needle) as e:
+            run_gate(OP, "torch", **{**FAST, **bad})
+        assert e.value.exit_code == 2, bad
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")
@@ -183,9 +240,9 @@ def test_profiles_match_the_documented_table():
 
 def test_all_runs_every_operator():
     report = run_gate("all", "torch", components=["check"], cases="0", seeds=1)
-    from fuseval.definitions import list_operators
-    assert report.ops == list_operators()
-    assert [c.op for c in report.components] == list_operators()
+    from fuseval.operators import names
+    assert report.ops == names()
+    assert [c.op for c in report.components] == names()
     assert report.passed
 
 
@@ -231,3 +288,94 @@ def test_public_api_is_lazy_and_complete():
             "    assert getattr(fuseval, name).__doc__, name\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+# --------------------------------------------------------------------------- timings, blind tolerances
+TIMING_KEYS = ("inputs", "oracle", "impl", "compare", "hygiene")
+
+
+def _faked_check(monkeypatch, blind: dict[int, list] | None = None):
+    """fuseval.check.check with known timings per case (and blind outputs on the seeds
+    given: {seed: [BlindOutput]}), so the gate's sums and verdicts can be checked against
+    hand arithmetic."""
+    fc = sys.modules["fuseval.check"]          # the module (fuseval.check is also the function)
+    real = fc.check
+
+    def faked(*args, **kwargs):
+        report = real(*args, **kwargs)
+        mine = (blind or {}).get(report.seed, [])
+        for c in report.cases:
+            c.timings = dict(zip(TIMING_KEYS, (0.5, 0.25, 0.125, 0.0625, 1.0)))
+            c.blind = [b for b in mine if b.case == c.case]
+        return report
+    monkeypatch.setattr(fc, "check", faked)
+
+
+def test_timing_breakdown_per_component_and_case(monkeypatch, tmp_path, capsys):
+    _faked_check(monkeypatch)
+    report = run_gate(OP, "torch", out=str(tmp_path), **FAST)          # 2 seeds x 3 cases
+    check = report.components[0]
+    assert check.timings == {"inputs": 3.0, "oracle": 1.5, "impl": 0.75, "compare": 0.375, "hygiene": 6.0}
+    rows = check.data["case_timings"]
+    assert [(r["seed"], r["case"]) for r in rows] == [(s, c) for s in (0, 1000) for c in (0, 1, 2)]
+    assert all(r["inputs"] == 0.5 and r["hygiene"] == 1.0 for r in rows)
+    doc = json.loads((tmp_path / "gate.json").read_text())
+    assert doc["components"][0]["timings"]["hygiene"] == 6.0
+    assert len(doc["components"][0]["data"]["case_timings"]) == 6
+    report.print_summary()
+    out = capsys.readouterr().out
+    assert re.search(r"check: [\d.]+ s \(inputs 3, oracle 1\.5, impl 0\.75, compare 0\.375, hygiene 6\)", out), out
+
+
+def test_budget_and_properties_report_their_wall_time(capsys):
+    report = run_gate(OP, "torch", components=["budget"], budget_cases="0", seeds=1)
+    budget = report.components[0]
+    assert budget.seconds > 0 and budget.timings and all(v >= 0 for v in budget.timings.values())
+    assert sum(budget.timings.values()) <= budget.seconds * 1.05 + 0.05    # parts of the wall time
+    report.print_summary()
+    assert re.search(r"budget: [\d.]+ s \(", capsys.readouterr().out)
+
+
+def test_the_check_reports_the_real_breakdown():
+    # fuseval.check's own CaseResult.timings / CheckReport.timings, summed over the seeds
+    report = run_gate(OP, "torch", **FAST)
+    check = report.components[0]
+    assert set(check.timings) == set(TIMING_KEYS)
+    reports = check.result.reports
+    for key in TIMING_KEYS:
+        assert check.timings[key] == pytest.approx(sum(r.timings[key] for r in reports))
+    assert len(check.data["case_timings"]) == sum(len(r.cases) for r in reports)
+
+
+def test_a_blind_tolerance_fails_the_check_component(monkeypatch, tmp_path):
+    _faked_check(monkeypatch, blind={1000: [BlindOutput(1, "value_states", 0.0098, 0.005)]})
+    report = run_gate(OP, "torch", out=str(tmp_path), **FAST)
+    check = report.components[0]
+    assert check.status == "fail" and report.exit_code == EXIT_CHECK_FAILED
+    assert "blind_tolerance" in check.data["violations"]
+    assert any("value_states on case 1 (seed 1000)" in m for m in check.messages)
+    root = ET.parse(tmp_path / "junit.xml").getroot()
+    failure = root.find(".//testcase[@name='blind tolerance']/failure")
+    assert failure is not None and "value_states" in failure.get("message")
+    # without blind outputs the same run passes: the verdict above is the blind record's
+    _faked_check(monkeypatch, blind={})
+    assert run_gate(OP, "torch", **FAST).passed
+
+
+def test_a_blind_tolerance_does_not_hide_a_worse_violation(monkeypatch):
+    _faked_check(monkeypatch, blind={0: [BlindOutput(0, "value_states", 0.0098, 0.005)]})
+    report = run_gate(OP, nan_outputs, **FAST)
+    assert report.exit_code == EXIT_NONFINITE
+    assert {"nonfinite", "blind_tolerance"} <= set(report.components[0].data["violations"])
+
+
+def test_cli_gate_all_reports_the_operator_without_the_implementation(tmp_path, capsys):
+    code = cli.main(["gate", "--op", "all", "--impl", "torch_tf32", "--skip", "properties,budget", "--cases", "0",
+                     "--seeds", "1", "--quiet", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    text = " ".join(out.split())
+    assert code == 0 and "GATE PASSED" in text and "not run: no implementation 'torch_tf32'" in text, out + err
+    code = cli.main(["gate", "--op", OP, "--impl", "torch_tf32", "--skip", "properties,budget", "--cases", "0",
+                     "--seeds", "1", "--quiet", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == EXIT_IMPORT_ERROR and "unknown implementation 'torch_tf32'" in err and "Traceback" not in err

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from fuseval.definitions import load
-from fuseval.inputs import generic_benchmark_inputs, generate_inputs
+from fuseval.inputs import draw_inputs, generic_benchmark_inputs, generate_inputs
 
 OP_A = "qwen2vl_decoder_layer"
 OP_B = "nvfp4_qkv_rope"
@@ -151,6 +151,35 @@ def test_an_input_does_not_depend_on_the_other_axes():
     _, large = named(OP_A, {"batch_size": 2, "seq_len": 9, "kv_seq_len": 9}, seed=4)
     for name in ("q_proj_weight", "q_proj_bias", "down_proj_weight"):
         assert torch.equal(small[name], large[name])
+
+
+@pytest.mark.parametrize("op, axes, mode", [(OP_A, AXES_A, "benchmark"), (OP_A, AXES_A, "realistic"),
+                                            (OP_B, AXES_B, "benchmark"), (OP_B, AXES_B, "realistic")])
+def test_a_subset_draw_gives_the_same_values_as_a_full_draw(op, axes, mode):
+    d = load(op, "small")
+    full = generate_inputs(d, axes, seed=3, mode=mode)
+    names = {d.inputs[0].name, d.inputs[-2].name}
+    part = draw_inputs(d, axes, seed=3, mode=mode, names=names)
+    assert set(part) == names
+    for name in names:
+        a, b = part[name], full[d.input_index(name)]
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+
+
+def test_a_subset_draw_draws_nothing_else_under_the_generic_rules(monkeypatch):
+    from fuseval import inputs
+    seen = []
+    real = inputs.input_generator
+    monkeypatch.setattr(inputs, "input_generator", lambda seed, name, device="cpu": seen.append(name) or
+                        real(seed, name, device))
+    draw_inputs(load(OP_A, "small"), AXES_A, seed=0, names={"q_proj_weight", "hidden_states"})
+    assert sorted(seen) == ["hidden_states", "q_proj_weight"]
+
+
+def test_a_subset_draw_names_an_unknown_input():
+    with pytest.raises(ValueError) as e:
+        draw_inputs(load(OP_A, "small"), AXES_A, names={"hidden_state"})
+    assert "'hidden_state'" in str(e.value) and "hidden_states" in str(e.value)
 
 
 def test_bad_mode_and_bad_axes_are_rejected():

@@ -139,3 +139,20 @@ def test_plugin_is_inert_when_not_asked(kernel_repo):
     assert "fuseval[" not in result.stdout.str()
     result = _run(kernel_repo)
     result.assert_outcomes(passed=1)
+
+
+def test_all_skips_an_operator_without_the_implementation(kernel_repo):
+    # op B (and every operator but op A) has no 'torch_tf32': under all= their items are
+    # skipped with the reason, op A's run
+    from fuseval import operators
+    from fuseval.definitions import load
+    lacking = [op for op in operators.names() if "torch_tf32" not in load(op).implementations]
+    assert OP in lacking and "qwen2vl_decoder_layer" not in lacking
+    result = _run(kernel_repo, "-rs", "--fuseval-gate=all=torch_tf32", "--fuseval-components=check",
+                  "--fuseval-cases=0", "--fuseval-seeds=1")
+    result.assert_outcomes(passed=1, skipped=len(lacking))
+    result.stdout.fnmatch_lines([f"*SKIPPED*fuseval {OP} check: not run: no implementation 'torch_tf32'*"])
+    named = _run(kernel_repo, f"--fuseval-gate={OP}=torch_tf32", "--fuseval-components=check",
+                 "--fuseval-cases=0", "--fuseval-seeds=1")
+    named.assert_outcomes(failed=1)
+    named.stdout.fnmatch_lines(["*unknown implementation 'torch_tf32'*(exit code 4)*"])

@@ -1,26 +1,34 @@
-"""Metamorphic properties of the references (fuseval.properties.invariants), and the
-derived float32-vs-float64 bounds (fuseval.properties.bounds).
+"""Metamorphic properties of the references (tests/op_invariants.py, with the library's
+batch independence and the operators' own invariants), and the derived float32-vs-float64
+bounds (tests/bounds.py).
 
 Each property is checked on drawn inputs against the oracle, and put to a broken variant
 that must violate it (the `test_*_rejects_*` tests), so no property passes vacuously."""
 from __future__ import annotations
 
 
+import bounds
+import op_invariants as inv
 import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as hst
 
-from fuseval.properties import bounds, invariants as inv, mutants
+from fuseval.operators.nvfp4_qkv_rope.mutants import block_off_by_one as _block_off_by_one
+from fuseval.operators.nvfp4_qkv_rope.mutants import decode_e4m3_nan_as_zero as _decode_e4m3_nan_as_zero
+from fuseval.operators.nvfp4_qkv_rope.mutants import dequant_with as _dequant_with
+from fuseval.operators.nvfp4_qkv_rope.mutants import rope_interleaved as _rope_interleaved
+from fuseval.operators.qwen2vl_decoder_layer.mutants import attention_with as _attention_with
+from fuseval.operators.qwen2vl_decoder_layer.mutants import mrope_select_with as _mrope_select_with
+from fuseval.operators.qwen2vl_decoder_layer.mutants import rms_norm_eps_outside as _rms_norm_eps_outside
+from fuseval.properties import mutants
 from fuseval.properties import strategies as S
-from fuseval.properties.mutants import (_attention_with, _block_off_by_one, _dequant_with,
-                                        _decode_e4m3_nan_as_zero, _mrope_select_with, _namespace,
-                                        _rms_norm_eps_outside, _rope_interleaved)
+from fuseval.properties.mutants import namespace as _namespace
 from fuseval.properties.profiles import property_settings, seeded
 from fuseval.refimpl import nvfp4
 from fuseval.refimpl import stages as st
 
-OP_A, OP_B = S.OP_A, S.OP_B
+OP_A, OP_B = "qwen2vl_decoder_layer", "nvfp4_qkv_rope"
 
 
 def _randn(seed, *shape, scale=1.0):
@@ -348,8 +356,8 @@ def test_layer_input_norm_scale_invariance_rejects_eps_outside_sqrt():
 
 def _interleaved_rope_mutant(op):
     """The operator's reference with RoPE rotating adjacent pairs instead of halves."""
-    return mutants._make(op, "rope_interleaved", "mrope" if op == OP_A else "rope", "test",
-                         stages=_namespace(st, rope=_rope_interleaved))
+    return mutants.make(op, "rope_interleaved", "mrope" if op == OP_A else "rope", "test",
+                        reference_kwargs={"stages": _namespace(st, rope=_rope_interleaved)})
 
 
 @seeded
@@ -386,7 +394,7 @@ def test_layer_relative_position_rejects_interleaved_rope(op):
 @given(ex=hst.one_of(_examples(OP_A), _examples(OP_B)))
 def test_fp32_reference_within_derived_bounds(ex):
     """|reference_f32 - reference_f64| <= the end-to-end bound derived in
-    fuseval.properties.bounds, element by element, before and (op B) after the final bf16
+    tests/bounds.py, element by element, before and (op B) after the final bf16
     rounding; and every stage run in float32 from the oracle's exact stage inputs stays
     within its stage-local bound."""
     x = ex.tensors()

@@ -12,10 +12,12 @@ from hypothesis import find, given, settings
 from fuseval.definitions import load
 from fuseval.properties import profiles
 from fuseval.properties import strategies as S
+from fuseval.properties.hooks import hooks_of
 from fuseval.refimpl import nvfp4
 from fuseval.validate import bind_axes
 
-OPS = S.OPS
+OP_A, OP_B = "qwen2vl_decoder_layer", "nvfp4_qkv_rope"
+OPS = (OP_A, OP_B)
 
 
 def _collect(strategy, n=120):
@@ -34,7 +36,7 @@ def _collect(strategy, n=120):
 def test_axis_bindings_cover_the_space(op):
     """GQA ratios 1, 2, 4, 7, several head_dims, hidden sizes that are and are not
     multiples of 32, seq_len 1 upward; every binding satisfies the definition."""
-    hq, hkv = S._HEADS[op]
+    hq, hkv = hooks_of(op).gqa_axes
     seen = _collect(S.axis_bindings(op), n=150)
     ratios = {b.config[hq] // b.config[hkv] for b in seen}
     assert ratios == {1, 2, 4, 7}
@@ -66,17 +68,19 @@ def test_inputs_are_valid_and_deterministic(op, mode):
 
 def _binding(op, **var):
     defn = load(op, "small")
-    var = S._var(op, {"batch_size": var.get("b", 2), "seq_len": var.get("s", 6)})
-    return S.Binding.make(op, defn.const_axes, var)
+    axes = {"batch_size": var.get("b", 2), "seq_len": var.get("s", 6)}
+    if "kv_seq_len" in defn.var_axes:
+        axes["kv_seq_len"] = axes["seq_len"]
+    return S.Binding.make(op, defn.const_axes, axes)
 
 
 def test_adversarial_nvfp4_features():
     """Every e2m1 code, special and NaN scale codes, zero rows, eps, non-contiguous views."""
-    op = S.OP_B
+    op = OP_B
     b = _binding(op, b=2, s=6)
     defn = b.definition()
-    recipe = S.Recipe(codes="every", scales="special", nan_scales=2, zero_rows=2, eps=0.5,
-                      noncontiguous=True, rope="arbitrary")
+    recipe = S.make_recipe(op, codes="every", scales="special", nan_scales=2, zero_rows=2, eps=0.5,
+                           noncontiguous=True, rotary="arbitrary")
     x = dict(zip(defn.input_names, S.make_inputs(b, "adversarial", 3, recipe)))
     codes = torch.cat([nvfp4.unpack_fp4(x[f"{p}_proj_weight_fp4"].contiguous()).flatten() for p in "qkv"])
     assert set(codes.tolist()) == set(range(16))
@@ -93,7 +97,7 @@ def test_adversarial_nvfp4_features():
     cos, sin = x["cos"].float(), x["sin"].float()
     assert float((cos * cos + sin * sin - 1).abs().max()) > 0.1    # not on the unit circle
     assert bool((cos == 0).any()) and bool((cos.abs() == 1).any())
-    subnormal = S.make_inputs(b, "adversarial", 3, S.Recipe(scales="subnormal"))
+    subnormal = S.make_inputs(b, "adversarial", 3, S.make_recipe(op, scales="subnormal"))
     sb = subnormal[defn.input_index("k_proj_scale")].view(torch.uint8)
     assert bool((((sb >> 3) & 0xF) == 0).all()) and bool(((sb & 7) != 0).all())
 
@@ -101,7 +105,7 @@ def test_adversarial_nvfp4_features():
 def test_adversarial_magnitudes_reach_eps():
     """tiny rows put mean(x^2) below eps (op A) so eps decides the norm; huge rows are
     large; mixed rows span both."""
-    op = S.OP_A
+    op = OP_A
     b = _binding(op, b=2, s=8)
     defn = b.definition()
     idx = defn.input_index("hidden_states")
@@ -119,17 +123,18 @@ def test_adversarial_v_stays_in_tolerance_range():
     """op B: the v global scale is lowered so that typical |v| <= 1 even for huge inputs
     and 448 scales (the tolerance rule's absolute terms stay meaningful)."""
     from fuseval.operators.nvfp4_qkv_rope.reference import reference
-    b = _binding(S.OP_B, b=2, s=6)
+    b = _binding(OP_B, b=2, s=6)
     for seed in range(4):
-        x = S.make_inputs(b, "adversarial", seed, S.Recipe(magnitude="huge", scales="special", codes="every"))
+        x = S.make_inputs(b, "adversarial", seed, S.make_recipe(OP_B, magnitude="huge", scales="special",
+                                                                codes="every"))
         v = reference(*x)[2]
         assert float(v.pow(2).mean().sqrt()) <= 1.0
 
 
 def test_noncontiguous_views_keep_values():
-    b = _binding(S.OP_A, b=2, s=3)
-    plain = S.make_inputs(b, "adversarial", 2, S.Recipe(rope="arbitrary"))
-    strided = S.make_inputs(b, "adversarial", 2, S.Recipe(rope="arbitrary", noncontiguous=True))
+    b = _binding(OP_A, b=2, s=3)
+    plain = S.make_inputs(b, "adversarial", 2, S.Recipe(rotary="arbitrary"))
+    strided = S.make_inputs(b, "adversarial", 2, S.Recipe(rotary="arbitrary", noncontiguous=True))
     for p, q in zip(plain, strided):
         if isinstance(p, torch.Tensor):
             assert torch.equal(p, q)
@@ -137,21 +142,27 @@ def test_noncontiguous_views_keep_values():
 
 
 def test_recipe_json_round_trip_and_errors():
-    r = S.Recipe(magnitude="tiny", zero_rows=1, eps=0.5, nan_scales=2)
-    assert S.Recipe.from_json(r.to_json()) == r
+    r = S.make_recipe(OP_B, magnitude="tiny", zero_rows=1, eps=0.5, nan_scales=2, codes="benchmark")
+    assert r.features == (("nan_scales", 2),)          # an operator feature at its default is left out
+    assert r.to_json() == '{"magnitude":"tiny","zero_rows":1,"eps":0.5,"nan_scales":2}'
+    assert S.Recipe.from_json(r.to_json(), OP_B) == r
     assert S.Recipe().to_json() == "{}"
     with pytest.raises(ValueError, match="unknown fields"):
         S.Recipe.from_json('{"magnitud": "tiny"}')
-    with pytest.raises(ValueError, match="apply to nvfp4_qkv_rope only"):
-        S.make_inputs(_binding(S.OP_A), "adversarial", 0, S.Recipe(codes="every"))
+    with pytest.raises(ValueError, match="unknown fields"):          # op B's own field, no operator named
+        S.Recipe.from_json(r.to_json())
+    with pytest.raises(ValueError, match="unknown fields.*of qwen2vl_decoder_layer"):
+        S.make_recipe(OP_A, codes="every")
+    with pytest.raises(ValueError, match="do not apply to qwen2vl_decoder_layer"):
+        S.make_inputs(_binding(OP_A), "adversarial", 0, S.make_recipe(OP_B, codes="every"))
     with pytest.raises(ValueError, match="input mode"):
-        S.make_inputs(_binding(S.OP_A), "weird", 0)
+        S.make_inputs(_binding(OP_A), "weird", 0)
 
 
 def test_shrinking_gives_small_readable_counterexamples():
     """A property that fails only for tiny magnitudes and GQA ratio 7 shrinks to the
     smallest such example: batch 1, seq_len 1, seed 0, a recipe with only the magnitude."""
-    op = S.OP_A
+    op = OP_A
 
     def fails(ex):
         return (ex.mode == "adversarial" and ex.recipe.magnitude == "tiny"
@@ -167,12 +178,12 @@ def test_shrinking_gives_small_readable_counterexamples():
 
 
 def test_example_command_and_config_arg():
-    named = S.Example(_binding(S.OP_B), "benchmark", 7)
+    named = S.Example(_binding(OP_B), "benchmark", 7)
     assert named.binding.config_arg == "small"
     cmd = named.command("fast")
     assert cmd.startswith("python -m fuseval.properties --op nvfp4_qkv_rope --impl fast --config small")
     assert "--seed 7" in cmd
-    custom = S.Binding.make(S.OP_B, {**load(S.OP_B, "small").const_axes, "hidden_size": 48},
+    custom = S.Binding.make(OP_B, {**load(OP_B, "small").const_axes, "hidden_size": 48},
                             {"batch_size": 1, "seq_len": 2})
     ex = S.Example(custom, "adversarial", 3, S.Recipe(magnitude="tiny"))
     assert json.loads(custom.config_arg)["hidden_size"] == 48

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from fuseval.gate import jsonable
+from fuseval.jsonio import jsonable
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 from fuseval.stats import check_over_seeds, judge, seed_list, stats_from_reports
 
@@ -147,3 +147,16 @@ def test_extra_seed_cases_limit_the_later_seeds():
 def test_stats_from_reports_needs_a_report():
     with pytest.raises(ValueError):
         stats_from_reports([])
+
+
+def test_timings_and_blind_outputs_are_gathered_over_the_seeds():
+    report = check_over_seeds(OP, "torch", config="small", cases="0-1", seeds=2)
+    keys = ("inputs", "oracle", "impl", "compare", "hygiene")
+    assert set(report.timings) == set(keys)
+    for key in keys:
+        assert report.timings[key] == pytest.approx(sum(c.timings[key] for r in report.reports for c in r.cases))
+    rows = report.case_timings()
+    assert [(r["seed"], r["case"]) for r in rows] == [(0, 0), (0, 1), (1000, 0), (1000, 1)]
+    assert all(r[k] >= 0 for r in rows for k in keys) and report.timings["impl"] > 0
+    assert report.blind == [] and report.to_dict()["blind"] == []      # small: every output visible
+    json.dumps(jsonable(report.to_dict()))

@@ -152,10 +152,21 @@ def test_python_api_rejects_empty_and_duplicate_selections():
 
 # ----------------------------------------------------------------- pipe, out of memory
 def test_closed_pipe_ends_quietly():
-    code = "import sys; from fuseval import cli; sys.exit(cli.main(['list', '--op', 'nvfp4_qkv_rope']))"
+    # the command starts writing only once the reader has gone (like `| head -1` that
+    # already has its line): the write end of the pipe then polls POLLERR. Without the
+    # wait this would race: a short listing can be written whole before the reader closes
+    code = textwrap.dedent(f"""
+        import select, sys
+        from fuseval import cli
+        print("ready", flush=True)
+        waiting = select.poll()
+        waiting.register(sys.stdout.fileno(), select.POLLERR)
+        waiting.poll(60_000)
+        sys.exit(cli.main(['list', '--op', {OP!r}]))
+    """)
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    proc.stdout.readline()
-    proc.stdout.close()                 # the reader goes away, like `| head -1`
+    assert proc.stdout.readline() == b"ready\n"
+    proc.stdout.close()                 # the reader goes away
     err = proc.stderr.read().decode()
     assert proc.wait(60) == EXIT_BROKEN_PIPE
     assert "Traceback" not in err and "BrokenPipe" not in err and "internal error" not in err
@@ -252,3 +263,52 @@ def test_input_groups_split_activations_from_weights():
     assert "q_proj_global_decode_scale" in [names[i] for i in g["weights"]]
     ga = input_groups(load(OP_A))
     assert [load(OP_A).input_names[i] for i in ga["activations"]] == ["hidden_states", "rope_cos", "rope_sin"]
+
+
+# ----------------------------------------------------------------- the error type
+def test_fuseval_error_carries_its_exit_code():
+    from fuseval.errors import (EXIT_BAD_FILE, EXIT_IMPORT_ERROR, EXIT_NO_DEVICE, EXIT_UNKNOWN_OPERATOR,
+                                BadFileError, FusevalError, ImplementationError, NoDeviceError,
+                                UnknownOperatorError, UsageError)
+    assert FusevalError("x").exit_code == EXIT_USAGE
+    assert FusevalError("x", EXIT_OUT_OF_MEMORY).exit_code == EXIT_OUT_OF_MEMORY
+    for kind, code in ((UsageError, EXIT_USAGE), (UnknownOperatorError, EXIT_UNKNOWN_OPERATOR),
+                       (ImplementationError, EXIT_IMPORT_ERROR), (BadFileError, EXIT_BAD_FILE),
+                       (NoDeviceError, EXIT_NO_DEVICE)):
+        err = kind("message")
+        assert err.exit_code == code and str(err) == "message"
+        assert isinstance(err, FusevalError) and isinstance(err, ValueError)   # the Python API's bad input
+    with pytest.raises(TypeError, match="exit_code"):
+        FusevalError("x", "2")
+
+
+def test_user_input_converts_only_value_errors_inside_it():
+    from fuseval.errors import EXIT_BAD_FILE, FusevalError, UsageError, user_input
+    with pytest.raises(UsageError) as e:
+        with user_input("--config"):
+            raise ValueError("unknown config 'bogus'")
+    assert e.value.exit_code == EXIT_USAGE and str(e.value) == "--config: unknown config 'bogus'"
+    with pytest.raises(FusevalError) as e:
+        with user_input("--budget", EXIT_BAD_FILE):
+            raise ValueError("--budget x.json: not valid JSON")
+    assert e.value.exit_code == EXIT_BAD_FILE and str(e.value) == "--budget x.json: not valid JSON"
+    known = FusevalError("already known", EXIT_OUT_OF_MEMORY)
+    with pytest.raises(FusevalError) as e:
+        with user_input("--config"):
+            raise known
+    assert e.value is known
+    with pytest.raises(KeyError):                # not a statement about the user's input
+        with user_input("--config"):
+            raise KeyError("stage")
+
+
+def test_a_validation_error_of_the_library_becomes_a_usage_error_only_at_validation(capsys):
+    # `--config` validated before any work: usage error naming the option
+    rc, out, err = run(capsys, "check", "--op", OP, "--impl", "torch", "--config", '{"no_such_axis": 3}')
+    usage_error(rc, err, "--config", "no_such_axis")
+    rc, out, err = run(capsys, "export", "--op", OP, "--config", "bogus")
+    usage_error(rc, err, "--config", "bogus")
+    rc, out, err = run(capsys, "budget", "--op", OP, "--cases", "99")
+    usage_error(rc, err, "--cases", "out of range")
+    rc, out, err = run(capsys, "check", "--op", OP, "--impl", "reference", "--cases", "0")
+    usage_error(rc, err, "'reference' is the float64 oracle", "reference_fp32")

@@ -6,10 +6,11 @@ small versioned JSON file, and a noise-aware comparison against a later run.
 * per **output**: the check's metrics against the float64 oracle (``max_abs``,
   ``mean_abs``, ``rel_l2`` and ``fail_fraction`` = 1 - matched ratio), and whether the
   case passed on every seed;
-* per **stage**: when :mod:`fuseval.budget` is available and the implementation has the
-  stage-tap protocol, the budget's per-stage metrics (``<comparison>.<metric>``, e.g.
-  ``local.max_abs``);
-* on a GPU: the median latency of the implementation.
+* per **stage**: when the implementation has the stage-tap protocol, the budget's
+  per-stage metrics (``<comparison>.<metric>``, e.g. ``local.max_abs``);
+* on a GPU: the median latency of the implementation, timed by
+  :func:`fuseval.bench.time_call` under the rules of ``fuseval bench`` (L2 flushed before
+  each repetition, adaptive repetitions, CUDA events), recorded under ``timer``.
 
 Every metric is stored as its distribution over the seeds: ``median``, ``max`` and
 ``spread`` (= max - min). The file (``schema_version`` 1) is meant to be committed next
@@ -40,9 +41,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from .errors import EXIT_BAD_FILE, FusevalError
+from .jsonio import jsonable, number
+from .report import fmt_number
 
 __all__ = ["SCHEMA_VERSION", "collect", "save", "load", "validate", "compare", "Comparison", "Finding",
-           "DEFAULT_FACTOR", "DEFAULT_K", "DEFAULT_SLOWDOWN", "measure_latency"]
+           "DEFAULT_FACTOR", "DEFAULT_K", "DEFAULT_SLOWDOWN"]
 
 SCHEMA_VERSION = 1
 DEFAULT_FACTOR = 2.0       # an error may grow by this factor before it is a regression
@@ -60,24 +63,6 @@ def summarize(values: Sequence[float]) -> dict[str, float]:
     return {"median": statistics.median(vals), "max": hi, "spread": spread}
 
 
-def _round(x: Any) -> Any:
-    """Numbers with 6 significant digits, non-finite floats as strings: small, stable diffs."""
-    if isinstance(x, dict):
-        return {k: _round(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_round(v) for v in x]
-    if isinstance(x, bool) or not isinstance(x, float):
-        return x
-    if not math.isfinite(x):
-        return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
-    return float(f"{x:.6g}")
-
-
-def _num(x: Any) -> float:
-    """A stored number back to float ("inf"/"nan" strings included: float() reads them)."""
-    return float(x)
-
-
 def floor_for(metric: str, tolerance: Mapping[str, Any]) -> float:
     """The smallest growth of ``metric`` worth flagging, whatever the factor says."""
     name = metric.rsplit(".", 1)[-1]
@@ -91,24 +76,6 @@ def floor_for(metric: str, tolerance: Mapping[str, Any]) -> float:
     if name in ("nonfinite",):
         return 0.5
     return 0.01 * atol                    # absolute errors: a hundredth of the tolerance's atol
-
-
-# --------------------------------------------------------------------------- latency
-def measure_latency(fn: Callable, inputs: Sequence[Any], *, warmup: int = 3, reps: int = 20) -> float:
-    """Median latency of ``fn(*inputs)`` in milliseconds (CUDA events; GPU only)."""
-    import torch
-    for _ in range(warmup):
-        fn(*inputs)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn(*inputs)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 # --------------------------------------------------------------------------- budget adapter
@@ -133,21 +100,91 @@ def budget_stage_metrics(report: Any) -> dict[int, dict[str, dict[str, float]]]:
                     continue
                 for name in names:
                     if m.get(name) is not None:
-                        metrics[f"{kind}.{name}"] = _num(m[name])
+                        metrics[f"{kind}.{name}"] = number(m[name])
             if metrics:
                 out.setdefault(int(c["case"]), {})[str(s["stage"])] = metrics
     return out
 
 
-def _budget_available() -> bool:
-    try:
-        import fuseval.budget as budget
-    except ImportError:
-        return False
-    return hasattr(budget, "run_budget")
-
-
 # --------------------------------------------------------------------------- collect
+@dataclass
+class _Subject:
+    """The implementation a baseline measures, resolved once: how it is called (``fn``: a
+    callable, or the name a worker process resolves when ``isolate``) and whether it has
+    stage taps."""
+    operator: Any
+    fn: Any
+    isolate: bool
+    staged: bool
+
+
+def _subject(operator, impl: str | Callable, device, isolate: bool | None) -> _Subject:
+    from .budget import staged_of
+    from .isolation import can_isolate, default_isolate, worker_for
+    defn = operator.definition
+    if default_isolate(isolate) and can_isolate(impl)[0]:
+        worker = worker_for(impl, defn, str(device))   # ImplementationError early, before any work
+        return _Subject(operator, impl, True, worker.staged)
+    fn = operator.implementation(impl)
+    return _Subject(operator, fn, False, staged_of(defn, impl, fn) is not None)
+
+
+def _samples_of_check(rep, per_case: dict, samples: dict, seed: int) -> None:
+    """Add one seed's check report: verdicts, violations, per-output metrics."""
+    for c in rep.cases:
+        entry = per_case[c.case]
+        entry["passed_per_seed"].append(bool(c.passed))
+        entry["violations"] = sorted(set(entry["violations"]) | set(c.violations))
+        if c.violations and c.messages:
+            entry.setdefault("messages", []).extend(f"seed {seed}: {m}" for m in c.messages[:3])
+        for m in c.outputs:
+            slot = samples[c.case]["outputs"].setdefault(m.name, {})
+            values = {"max_abs": m.max_abs, "mean_abs": m.mean_abs, "rel_l2": m.rel_l2,
+                      "fail_fraction": 1.0 - m.matched_ratio}
+            for k, v in values.items():
+                slot.setdefault(k, []).append(v)
+
+
+def _samples_of_budget(brep, samples: dict) -> None:
+    """Add one seed's per-stage metrics from a budget report."""
+    for case, stages in budget_stage_metrics(brep).items():
+        if case not in samples:
+            continue
+        for stage, metrics in stages.items():
+            slot = samples[case]["stages"].setdefault(stage, {})
+            for k, v in metrics.items():
+                slot.setdefault(k, []).append(v)
+
+
+def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, per_case: dict) -> None:
+    """One seed's median latency per case, timed by :func:`fuseval.bench.time_call` (the
+    rules of ``fuseval bench``: L2 flushed, adaptive repetitions, CUDA events)."""
+    from .bench import time_call
+    from .inputs import generate_inputs
+    operator, defn = subject.operator, subject.operator.definition
+    fn = subject.fn if callable(subject.fn) else operator.implementation(impl)
+    for c in selected:
+        inputs = generate_inputs(defn, c.axes, seed=seed + c.index, mode=mode, device=device)
+        per_case[c.index]["latency_ms"].append(time_call(lambda: fn(*inputs), device=device).median_ms)
+        del inputs
+
+
+def _case_documents(per_case: dict, samples: dict) -> dict[str, Any]:
+    """The ``cases`` of a baseline: each case's verdicts and its metrics' distributions."""
+    def distributions(group: Mapping[str, Mapping[str, list]]) -> dict:
+        return {name: {k: summarize(v) for k, v in metrics.items()} for name, metrics in group.items()}
+    docs = {}
+    for index, entry in per_case.items():
+        docs[str(index)] = {
+            "axes": entry["axes"], "passed": all(entry["passed_per_seed"]),
+            "passed_per_seed": entry["passed_per_seed"], "violations": entry["violations"],
+            **({"messages": entry["messages"][:6]} if entry.get("messages") else {}),
+            "outputs": distributions(samples[index]["outputs"]),
+            "stages": distributions(samples[index]["stages"]),
+            "latency_ms": summarize(entry["latency_ms"]) if entry["latency_ms"] else None}
+    return docs
+
+
 def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str | Sequence[int] | None = None,
             device: str = "cpu", seeds: int | Sequence[int] = 3, mode: str = "benchmark",
             stages: bool | None = None, latency: bool | None = None,
@@ -156,14 +193,13 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     """Measure ``impl`` on ``op`` and return a baseline document (a dict; see the module doc).
 
     ``seeds``: a count (0, 1000, 2000, ...) or explicit seeds, at least 3 for a spread that
-    means something. ``stages``: add the budget's per-stage metrics (default: when
-    :mod:`fuseval.budget` is available). ``latency``: time the implementation (default: on
-    CUDA only). ``isolate``, ``timeout``: as in :func:`fuseval.check.check` (latencies are
-    measured in this process: a timing needs the kernel here)."""
-    import torch
-    from . import __version__
+    means something. ``stages``: add the budget's per-stage metrics (default: when the
+    implementation has stage taps; True without taps is an error). ``latency``: time the
+    implementation (default: on CUDA only). ``isolate``, ``timeout``: as in
+    :func:`fuseval.check.check` (latencies are measured in this process: a timing needs
+    the kernel here)."""
+    from .bench import timer_rules
     from .check import check, resolve_device
-    from .gate import utc_timestamp
     from .ops import get, impl_label
     from .report import case_verdict
     from .stats import seed_values
@@ -172,90 +208,52 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     operator = get(op, config)
     defn = operator.definition
     dev = resolve_device(device)
-    from .isolation import can_isolate, default_isolate, worker_for
-    isolate = default_isolate(isolate) and can_isolate(impl)[0]
-    if isolate:
-        worker = worker_for(impl, defn, str(dev))   # ImplementationError early, before any work
-        fn = impl
-        has_taps = worker.staged
-    else:
-        fn = operator.implementation(impl)
+    subject = _subject(operator, impl, dev, isolate)
     selected = defn.cases(cases)
     say = progress or (lambda message: None)
-    use_stages = _budget_available() if stages is None else stages
-    if use_stages:
-        # per-stage metrics need the stage-tap protocol; without it the budget is end to end
-        # only, which the per-output metrics already cover
-        from .budget import staged_of
-        if not (has_taps if isolate else staged_of(defn, impl, fn) is not None):
-            if stages:
-                raise FusevalError(f"{defn.name}: implementation {impl_label(impl)!r} has no stage taps "
-                                   "(forward.staged), so there are no per-stage metrics to record")
-            use_stages = False
+    # per-stage metrics need the stage-tap protocol; without it the budget is end to end
+    # only, which the per-output metrics already cover
+    if stages and not subject.staged:
+        raise FusevalError(f"{defn.name}: implementation {impl_label(impl)!r} has no stage taps "
+                           "(forward.staged), so there are no per-stage metrics to record")
+    use_stages = subject.staged if stages is None else stages
     use_latency = dev.type == "cuda" if latency is None else latency
     if use_latency and dev.type != "cuda":
         raise FusevalError("latency baselines need a CUDA device (CPU timings say nothing about a kernel)")
 
     per_case: dict[int, dict[str, Any]] = {
-        c.index: {"axes": dict(c.axes), "passed_per_seed": [], "violations": [], "outputs": {}, "stages": {},
-                  "latency_ms": []} for c in selected}
-    samples: dict[int, dict[str, dict[str, dict[str, list[float]]]]] = {
-        c.index: {"outputs": {}, "stages": {}} for c in selected}
-
+        c.index: {"axes": dict(c.axes), "passed_per_seed": [], "violations": [], "latency_ms": []}
+        for c in selected}
+    samples: dict[int, dict[str, dict]] = {c.index: {"outputs": {}, "stages": {}} for c in selected}
+    indices = [c.index for c in selected]
     for s in seeds:
         say(f"{defn.name} baseline: check seed {s}")
-        rep = check(defn.name, fn, config=config, cases=[c.index for c in selected], device=dev, seed=s,
-                    mode=mode, hygiene=False, isolate=isolate, timeout=timeout,
+        rep = check(defn.name, subject.fn, config=config, cases=indices, device=dev, seed=s, mode=mode,
+                    hygiene=False, isolate=subject.isolate, timeout=timeout,
                     progress=lambda r, done, total, _s=s: say(
                         f"{defn.name} check seed {_s} [{done}/{total}] case {r.case}: {case_verdict(r)}"))
-        for c in rep.cases:
-            entry = per_case[c.case]
-            entry["passed_per_seed"].append(bool(c.passed))
-            entry["violations"] = sorted(set(entry["violations"]) | set(c.violations))
-            if c.violations and c.messages:
-                entry.setdefault("messages", []).extend(f"seed {s}: {m}" for m in c.messages[:3])
-            for m in c.outputs:
-                slot = samples[c.case]["outputs"].setdefault(m.name, {})
-                values = {"max_abs": m.max_abs, "mean_abs": m.mean_abs, "rel_l2": m.rel_l2,
-                          "fail_fraction": 1.0 - m.matched_ratio}
-                for k, v in values.items():
-                    slot.setdefault(k, []).append(v)
+        _samples_of_check(rep, per_case, samples, s)
         if use_stages:
             from .budget import run_budget
             say(f"{defn.name} baseline: budget seed {s}")
-            brep = run_budget(defn.name, impl, config=config, cases=[c.index for c in selected],
-                              device=str(dev), seed=s, mode=mode, baselines=False, isolate=isolate,
-                              timeout=timeout,
+            brep = run_budget(defn.name, impl, config=config, cases=indices, device=str(dev), seed=s, mode=mode,
+                              baselines=False, isolate=subject.isolate, timeout=timeout,
                               progress=lambda r, done, total, _s=s: say(
                                   f"{defn.name} budget seed {_s} [{done}/{total}] case {r.case}"))
-            for case, stages_ in budget_stage_metrics(brep).items():
-                if case not in samples:
-                    continue
-                for stage, metrics in stages_.items():
-                    slot = samples[case]["stages"].setdefault(stage, {})
-                    for k, v in metrics.items():
-                        slot.setdefault(k, []).append(v)
+            _samples_of_budget(brep, samples)
         if use_latency:
-            from .inputs import generate_inputs
-            if not callable(fn):
-                fn = operator.implementation(impl)
-            for c in selected:
-                inputs = generate_inputs(defn, c.axes, seed=s + c.index, mode=mode, device=dev)
-                per_case[c.index]["latency_ms"].append(measure_latency(fn, inputs))
+            _latencies(subject, impl, selected, s, mode, dev, per_case)
+    sources = ["check"] + (["budget"] if use_stages else []) + (["latency"] if use_latency else [])
+    return {**_header(defn, impl_label(impl), dev, mode, seeds, sources),
+            **({"timer": timer_rules()} if use_latency else {}),
+            "cases": _case_documents(per_case, samples)}
 
-    cases_doc = {}
-    for index, entry in per_case.items():
-        doc = {"axes": entry["axes"], "passed": all(entry["passed_per_seed"]),
-               "passed_per_seed": entry["passed_per_seed"], "violations": entry["violations"],
-               **({"messages": entry["messages"][:6]} if entry.get("messages") else {}),
-               "outputs": {name: {k: summarize(v) for k, v in metrics.items()}
-                           for name, metrics in samples[index]["outputs"].items()},
-               "stages": {name: {k: summarize(v) for k, v in metrics.items()}
-                          for name, metrics in samples[index]["stages"].items()},
-               "latency_ms": summarize(entry["latency_ms"]) if entry["latency_ms"] else None}
-        cases_doc[str(index)] = doc
 
-    device_name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
+def _header(defn, impl: str, dev, mode: str, seeds: list[int], sources: list[str]) -> dict[str, Any]:
+    """What a baseline was measured with: tool versions, operator, implementation, device."""
+    import torch
+    from . import __version__
+    from .gate import utc_timestamp
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "fuseval baseline",
@@ -264,36 +262,38 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
         "created": utc_timestamp(),
         "op": defn.name,
         "variant": defn.variant,
-        "impl": impl_label(impl),
+        "impl": impl,
         "config": defn.config,
         "device": dev.type,
-        "device_name": device_name,
+        "device_name": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "mode": mode,
         "seeds": seeds,
         "tolerance": asdict(defn.tolerance),
-        "sources": ["check"] + (["budget"] if use_stages else []) + (["latency"] if use_latency else []),
-        "cases": cases_doc,
+        "sources": sources,
     }
 
 
 # --------------------------------------------------------------------------- files
 def save(doc: Mapping[str, Any], path: str) -> str:
+    """Write a baseline: numbers to 6 significant digits (:func:`fuseval.jsonio.jsonable`),
+    keys sorted, one line per distribution, so a diff shows what changed."""
     validate(doc, source="the baseline to save")
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     with open(path, "w") as f:
-        f.write(dumps(_round(dict(doc))) + "\n")
+        f.write(document_text(jsonable(dict(doc), digits=6)) + "\n")
     return path
 
 
-def dumps(obj: Any, indent: int = 0) -> str:
-    """JSON with sorted keys, one line per object of plain values (a metric's
-    distribution, a case's axes): readable, and a change shows as one line of a diff."""
+def document_text(obj: Any, indent: int = 0) -> str:
+    """JSON text of an already JSON-safe object with sorted keys, one line per object of
+    plain values (a metric's distribution, a case's axes): readable, and a change shows
+    as one line of a diff."""
     pad, inner = " " * indent, " " * (indent + 1)
     if isinstance(obj, Mapping) and obj and any(isinstance(v, (Mapping, list)) and v for v in obj.values()):
-        items = [f"{inner}{json.dumps(str(k))}: {dumps(obj[k], indent + 1)}" for k in sorted(obj)]
+        items = [f"{inner}{json.dumps(str(k))}: {document_text(obj[k], indent + 1)}" for k in sorted(obj)]
         return "{\n" + ",\n".join(items) + "\n" + pad + "}"
-    return json.dumps(obj, sort_keys=True)
+    return json.dumps(obj, sort_keys=True, allow_nan=False)
 
 
 def load(path: str) -> dict[str, Any]:
@@ -368,9 +368,9 @@ def _check_dist(dist: Any, source: str, where: str) -> None:
             raise _bad(source, f"{where}: missing {k!r}")
         v = dist[k]
         try:
-            if isinstance(v, bool):
+            if isinstance(v, bool) or not isinstance(v, (int, float, str)):
                 raise TypeError
-            x = _num(v)
+            x = number(v)            # "inf" and "nan" strings are how the file writes non-finite values
         except (TypeError, ValueError):
             raise _bad(source, f"{where}.{k}: expected a number, got {v!r}") from None
         if math.isnan(x) or x < 0 and k == "spread":
@@ -444,7 +444,6 @@ class Comparison:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        from .gate import jsonable
         return jsonable({"op": self.op, "baseline_impl": self.baseline_impl, "current_impl": self.current_impl,
                          "config": self.config, "device": self.device, "factor": self.factor, "k": self.k,
                          "slowdown": self.slowdown, "passed": self.passed, "summary": self.summary(),
@@ -460,9 +459,10 @@ class Comparison:
         rows = []
         for f in interesting[:limit]:
             ratio = f.ratio
-            rows.append([str(f.case), f.group, f.name, f.metric, _fmt(f.baseline), _fmt(f.current),
-                         "-" if ratio is None else ("inf" if math.isinf(ratio) else f"{ratio:.2f}x"),
-                         _fmt(f.limit), ("REGRESSION " if f.flagged else "") + f.kind.replace("_", " ")
+            rows.append([str(f.case), f.group, f.name, f.metric, fmt_number(f.baseline, 3, "g"),
+                         fmt_number(f.current, 3, "g"),
+                         "-" if ratio is None else ("inf" if math.isinf(ratio) else fmt_number(ratio, 2, "g") + "x"),
+                         fmt_number(f.limit, 3, "g"), ("REGRESSION " if f.flagged else "") + f.kind.replace("_", " ")
                          + (f" ({f.note})" if f.note else "")])
         return rows
 
@@ -504,14 +504,6 @@ class Comparison:
         out.print(f"[{color}]{self.summary()}[/]")
 
 
-def _fmt(x: float | None) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float) and (math.isinf(x) or math.isnan(x)):
-        return str(x)
-    return f"{x:.4g}"
-
-
 def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], *, factor: float = DEFAULT_FACTOR,
             k: float = DEFAULT_K, slowdown: float = DEFAULT_SLOWDOWN,
             floors: Mapping[str, float] | None = None) -> Comparison:
@@ -535,6 +527,10 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], *, factor: 
     for key in ("config", "device", "mode"):
         if baseline[key] != current[key]:
             notes.append(f"{key} differs: baseline {baseline[key]!r}, current {current[key]!r}")
+    if baseline.get("timer") != current.get("timer") and "latency" in baseline.get("sources", []) \
+            and "latency" in current.get("sources", []):
+        notes.append(f"latencies were timed under different rules: baseline {baseline.get('timer')}, "
+                     f"current {current.get('timer')}")
     if baseline["seeds"] != current["seeds"]:
         notes.append(f"seeds differ: baseline {baseline['seeds']}, current {current['seeds']} "
                      "(the comparison then includes the spread between input draws)")
@@ -572,8 +568,8 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], *, factor: 
                                                 None, None, None, False, f"only in the {side}"))
                     continue
                 for metric in sorted(set(bm) & set(cm)):
-                    base_v, spread = _num(bm[metric]["median"]), _num(bm[metric]["spread"])
-                    cur_v = _num(cm[metric]["median"])
+                    base_v, spread = number(bm[metric]["median"]), number(bm[metric]["spread"])
+                    cur_v = number(cm[metric]["median"])
                     floor = floors.get(metric, floors.get(metric.rsplit(".", 1)[-1], floor_for(metric, tol)))
                     noise = spread * k if math.isfinite(spread) else 0.0
                     limit = max(factor * base_v, base_v + noise, base_v + floor)
@@ -582,7 +578,7 @@ def compare(baseline: Mapping[str, Any], current: Mapping[str, Any], *, factor: 
                                             base_v, cur_v, limit, grew))
         bl, cl = b.get("latency_ms"), c.get("latency_ms")
         if bl is not None and cl is not None:
-            base_v, spread, cur_v = _num(bl["median"]), _num(bl["spread"]), _num(cl["median"])
+            base_v, spread, cur_v = number(bl["median"]), number(bl["spread"]), number(cl["median"])
             limit = max(base_v * (1 + slowdown), base_v + k * spread, base_v + 0.002)
             slow = cur_v > limit
             flag = slow and same_device

@@ -28,18 +28,22 @@ What one run measures, for each benchmark case of an operator:
   stays the benchmark's floor (the targets are stated against it); the sustained one
   says how much of a large case's distance to it no kernel can close on this GPU.
 
-Per-operator pieces come from the operator's files, nothing here names an operator:
-the implementations to time default to every entry of the definition's
-``implementations`` table except the oracles (``reference*``), or the reference module's
-``BENCH_IMPLS`` list when it defines one; the implementation called ``fast`` (or the
-module's ``BENCH_FAST``) is the one the others are compared with; the floor comes from the
-module's ``cost_model``. ``benchmarks/README.md`` says how to add an operator.
+* the **fast path's options** in force (``OperatorSpec.options_of_fast()``: tile tables,
+  precision policy), so that a timing can be tied to the configuration that produced it.
+
+Per-operator pieces come from the operator's spec (:mod:`fuseval.operators`), nothing here
+names an operator: the implementations to time default to the spec's ``bench_impls``, else
+every entry of the definition's ``implementations`` table except the oracles
+(``reference*``); the spec's ``bench_fast`` is the one the others are compared with; the
+floor comes from its ``cost()`` model.
+
+The timer, :func:`time_call`, is the one fuseval times latencies with (``fuseval
+baseline`` uses it too). Rendering of a report is :mod:`fuseval.bench_render`.
 
 Everything that touches the GPU is skipped (``BenchSkipped``) when there is none.
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -50,14 +54,18 @@ import torch
 
 from . import operators
 from . import ops as _ops
+from .bench_render import plot_report, print_bench_report, write_outputs
 from .definitions import Definition
+from .report import fmt_number
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
-           "SustainedRate", "sustained_rate", "BenchSpec",
+           "timer_rules", "SustainedRate", "sustained_rate", "BenchSpec",
            "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
            "print_bench_report", "write_outputs", "plot_report"]
 
 L2_FLUSH_BYTES = 256 << 20
+# the timer's rules by default: warm-up, time filled by repetitions, repetition bounds
+WARMUP_MS, REP_MS, MIN_REPS, MAX_REPS = 30.0, 150.0, 10, 500
 
 
 class BenchSkipped(RuntimeError):
@@ -98,8 +106,15 @@ class _Flusher:
         self.buf.zero_()
 
 
-def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", warmup_ms: float = 30.0,
-              rep_ms: float = 150.0, min_reps: int = 10, max_reps: int = 500,
+def timer_rules(*, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
+                max_reps: int = MAX_REPS, flush: bool = True) -> dict[str, Any]:
+    """The rules :func:`time_call` times under, as bench.json and baselines record them."""
+    return {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
+            "l2_flush_bytes": L2_FLUSH_BYTES if flush else 0, "timer": "cuda events, median"}
+
+
+def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", warmup_ms: float = WARMUP_MS,
+              rep_ms: float = REP_MS, min_reps: int = MIN_REPS, max_reps: int = MAX_REPS,
               flush: bool = True) -> Timing:
     """Median latency of ``fn()``: CUDA events around each call on a GPU (perf_counter
     around a synchronous call on the CPU), after a warm-up of at least ``warmup_ms``
@@ -361,6 +376,7 @@ class BenchReport:
     ceilings: dict[str, Any] | None
     settings: dict[str, Any]
     cases: list[CaseBench]
+    fast_options: dict[str, Any] | None = None     # the fast path's options in force (None: not timed)
 
     def suite_mean(self, impl: str) -> float | None:
         """Mean latency over the cases (SOL-ExecBench's suite score); None if any is missing."""
@@ -418,7 +434,8 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
               cases: Sequence[int] | str | None = None, config: str = "seed",
               device: str | torch.device = "cuda", seed: int | None = None, mode: str = "benchmark",
               check: bool = False, hygiene: bool = True, flush: bool = True,
-              warmup_ms: float = 30.0, rep_ms: float = 150.0, min_reps: int = 10, max_reps: int = 500,
+              warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
+              max_reps: int = MAX_REPS,
               ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
               progress: Callable[[str], None] | None = None) -> BenchReport:
     """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
@@ -436,6 +453,8 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     defn = operator.definition
     spec = bench_spec(defn, impls)
     fns = {name: operator.implementation(name) for name in spec.impls}
+    # read once the fast path is resolved, i.e. with the options its module settled on
+    fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
     reference = operator.reference
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run
@@ -478,12 +497,13 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
                 if (cb.case, name) in intervals:
                     cb.clocks[name] = summarize_clocks(samples, *intervals[(cb.case, name)])
 
-    settings = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
-                "l2_flush_bytes": L2_FLUSH_BYTES if flush else 0, "timer": "cuda events, median",
+    settings = {**timer_rules(warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps, max_reps=max_reps,
+                              flush=flush),
                 "check": check, "hygiene": hygiene, "torch": torch.__version__,
                 "triton": _triton_version(), "tolerance": asdict(defn.tolerance), "clocks": clocks}
     return BenchReport(defn.name, defn.config, torch.cuda.get_device_name(device), seed, mode,
-                       spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results)
+                       spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results,
+                       fast_options)
 
 
 def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
@@ -531,8 +551,8 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
         results.append(cb)
         del inputs
         torch.cuda.empty_cache()
-        times = ", ".join(f"{k} {v['median_ms']:.4f} ms" if v else f"{k} -" for k, v in cb.timings.items())
-        floor = f", floor {cb.floor_ms:.4f} ms" if cb.floor_ms is not None else ""
+        times = ", ".join(f"{k} {fmt_number(v['median_ms'] if v else None, 3, 'g')} ms" for k, v in cb.timings.items())
+        floor = f", floor {fmt_number(cb.floor_ms, 3, 'g')} ms" if cb.floor_ms is not None else ""
         verdict = ""
         if cb.check:
             verdict = " | check: " + ", ".join(
@@ -549,265 +569,3 @@ def _triton_version() -> str | None:
         return triton.__version__
     except Exception:  # noqa: BLE001
         return None
-
-
-# --------------------------------------------------------------------------- output
-def _ms(x: float | None) -> str:
-    return "-" if x is None else (f"{x:.4f}" if x < 10 else f"{x:.2f}")
-
-
-def print_bench_report(report: BenchReport, stream=None) -> None:
-    """The per-case table, the error comparison (when checked) and the summary lines."""
-    from rich.table import Table
-
-    from .report import console
-    out = console(stream)
-    c = report.ceilings
-    title = f"{report.op} [{report.config}] on {report.device}, mode={report.mode}, seed={report.seed}"
-    if c:
-        rates = ", ".join(f"{k} {v / 1e12:.0f}" for k, v in c["matmul_flops_per_s"].items())
-        title += f"\nceilings: copy {c['copy_bytes_per_s'] / 1e12:.2f} TB/s; matmul TFLOP/s: {rates}"
-        if c.get("sustained_matmul_flops_per_s"):
-            title += f"; sustained for {c['sustained_s']:g} s: " + ", ".join(
-                f"{k} {v / 1e12:.0f}" for k, v in c["sustained_matmul_flops_per_s"].items())
-    from rich.markup import escape
-    table = Table(title=escape(title))
-    table.add_column("case", justify="right")
-    table.add_column(",".join(report.cases[0].axes) if report.cases else "axes")
-    for i in report.impls:
-        table.add_column(f"{i} ms", justify="right")
-    table.add_column("floor ms", justify="right")
-    fast = report.fast
-    show_sustained = bool(fast) and any(cb.floor_sustained_ms for cb in report.cases)
-    if fast:
-        table.add_column(f"{fast} % floor", justify="right")
-        if show_sustained:
-            table.add_column(f"{fast} % sust. floor", justify="right")
-        for b in report.impls:
-            if b != fast:
-                table.add_column(f"x vs {b}", justify="right")
-    show_mhz = bool(fast) and any(cb.clocks.get(fast) for cb in report.cases)
-    if show_mhz:
-        table.add_column(f"{fast} MHz", justify="right")
-    if report.checked:
-        table.add_column("check")
-    for cb in report.cases:
-        row = [str(cb.case), ",".join(str(v) for v in cb.axes.values())]
-        row += [_ms(cb.median(i)) for i in report.impls]
-        row.append(_ms(cb.floor_ms))
-        if fast:
-            f = cb.median(fast)
-            row.append(f"{100 * cb.floor_ms / f:.1f}%" if f and cb.floor_ms else "-")
-            if show_sustained:
-                row.append(f"{100 * cb.floor_sustained_ms / f:.1f}%" if f and cb.floor_sustained_ms else "-")
-            for b in report.impls:
-                if b != fast:
-                    t = cb.median(b)
-                    row.append(f"{t / f:.2f}" if t and f else "-")
-        if show_mhz:
-            c = cb.clocks.get(fast)
-            row.append(f"{c['sm_mhz_median']:.0f}" if c else "-")
-        if report.checked:
-            failed = [k for k, v in cb.check.items() if not v["passed"]]
-            row.append("FAIL " + ",".join(failed) if failed else "ok")
-        table.add_row(*row)
-    s = report.summary()
-    means = s["suite_mean_ms"]
-    table.add_row("mean", "", *[_ms(means[i]) for i in report.impls], _ms(s["floor_mean_ms"]),
-                  *([f"{100 * s['fraction_of_floor'][fast]:.1f}%" if s.get("fraction_of_floor") and
-                     s["fraction_of_floor"].get(fast) else "-"] if fast else []),
-                  *([f"{100 * s['fraction_of_sustained_floor'][fast]:.1f}%"
-                     if s.get("fraction_of_sustained_floor", {}).get(fast) else "-"] if show_sustained else []),
-                  *([f"{s['speedup_of_fast'][b]:.2f}" if s.get("speedup_of_fast") and s["speedup_of_fast"].get(b)
-                     else "-" for b in report.impls if b != fast] if fast else []),
-                  *([""] if show_mhz else []), *([""] if report.checked else []))
-    out.print(table)
-    for cb in report.cases:
-        for impl, err in cb.errors.items():
-            out.print(f"case {cb.case}: {impl} was not timed: {err}", markup=False, highlight=False)
-    if report.checked:
-        _print_error_table(report, out)
-    for line in summary_lines(report):
-        out.print(line, markup=False, highlight=False)
-
-
-def _print_error_table(report: BenchReport, out) -> None:
-    from rich.table import Table
-    table = Table(title="errors against the float64 oracle (max abs / matched ratio)")
-    table.add_column("case", justify="right")
-    table.add_column("output")
-    for i in report.impls:
-        table.add_column(i, justify="right")
-    for cb in report.cases:
-        names = next((list(v["outputs"]) for v in cb.check.values() if v["outputs"]), [])
-        for j, o in enumerate(names):
-            cells = []
-            for i in report.impls:
-                m = cb.check.get(i, {}).get("outputs", {}).get(o)
-                cells.append("-" if m is None else f"{m['max_abs']:.3e} / {m['matched_ratio']:.4%}")
-            table.add_row(str(cb.case) if j == 0 else "", o, *cells)
-    out.print(table)
-    for cb in report.cases:
-        for impl, v in cb.check.items():
-            for msg in v["messages"]:
-                out.print(f"case {cb.case}: {impl}: {msg}", markup=False, highlight=False)
-
-
-def summary_lines(report: BenchReport) -> list[str]:
-    s = report.summary()
-    lines = [f"{report.op}: suite mean over {len(report.cases)} cases: " + ", ".join(
-        f"{i} {_ms(m)} ms" for i, m in s["suite_mean_ms"].items())
-        + (f", floor {_ms(s['floor_mean_ms'])} ms" if s["floor_mean_ms"] is not None else "")]
-    if s.get("fraction_of_floor") and report.fast and s["fraction_of_floor"].get(report.fast):
-        lines.append(f"{report.fast} reaches {100 * s['fraction_of_floor'][report.fast]:.1f}% of the floor "
-                     "(floor mean / suite mean)")
-    lines.extend(sustained_lines(report))
-    if s.get("speedup_of_fast"):
-        lines.append(f"{report.fast} is " + ", ".join(
-            f"{v:.2f}x faster than {k}" for k, v in s["speedup_of_fast"].items() if v) + " (ratio of suite means)")
-    if s.get("cases_passed"):
-        lines.append("check: " + ", ".join(f"{i} {n}/{s['cases']} cases passed"
-                                           for i, n in s["cases_passed"].items()))
-        if report.fast:
-            lines.extend(_error_comparison(report))
-    lines.extend(clock_lines(report))
-    return lines
-
-
-def sustained_lines(report: BenchReport) -> list[str]:
-    """The sustained matmul ceilings against the burst ones, with the clock and power they
-    ran at, and the fast path's fraction of the floor at that rate."""
-    c = report.ceilings or {}
-    steady = c.get("sustained_matmul_flops_per_s") or {}
-    if not steady:
-        return []
-    clocks = ((report.settings.get("clocks") or {}).get("sustained_ceilings")) or {}
-    parts = []
-    for dtype, rate in steady.items():
-        burst = c["matmul_flops_per_s"].get(dtype)
-        w = clocks.get(dtype)
-        where = f" at {w['sm_mhz_median']:.0f} MHz, {w['power_w_median'] or 0:.0f} W" if w else ""
-        parts.append(f"{dtype} {rate / 1e12:.0f} TFLOP/s" + (f" ({100 * rate / burst:.1f}% of the burst ceiling)"
-                                                            if burst else "") + where)
-    lines = [f"sustained ceilings (second half of {c['sustained_s']:g} s of back-to-back products): "
-             + "; ".join(parts)]
-    s = report.summary()
-    frac = (s.get("fraction_of_sustained_floor") or {}).get(report.fast) if report.fast else None
-    if s.get("sustained_floor_mean_ms") is not None:
-        lines.append(f"floor at the sustained rate: {_ms(s['sustained_floor_mean_ms'])} ms (suite mean)"
-                     + (f"; {report.fast} reaches {100 * frac:.1f}% of it" if frac else "")
-                     + ". It binds only the cases whose kernels draw the GPU to its power cap (their clock "
-                       "falls below the ceilings'); a kernel that runs at full clock can go below it")
-    return lines
-
-
-def clock_lines(report: BenchReport) -> list[str]:
-    """What the SM clock was while the ceilings and each implementation were timed: a
-    floor measured in a burst at a high clock is not what a power-capped case runs at."""
-    clocks = report.settings.get("clocks") or {}
-    if not clocks.get("sampled"):
-        why = clocks.get("unavailable")
-        return [f"GPU clocks not sampled ({why})"] if why else []
-    def span(summaries):
-        got = [c for c in summaries if c]
-        if not got:
-            return None
-        return (min(c["sm_mhz_min"] for c in got), statistics.median(c["sm_mhz_median"] for c in got),
-                max(c["sm_mhz_max"] for c in got), max((c["power_w_max"] or 0) for c in got))
-    parts = []
-    ceil = span([clocks.get("ceilings")])
-    if ceil:
-        parts.append(f"ceilings {ceil[1]:.0f} MHz (median; {ceil[0]:.0f}-{ceil[2]:.0f})")
-    for impl in report.impls:
-        sp = span([cb.clocks.get(impl) for cb in report.cases])
-        if sp:
-            parts.append(f"{impl} {sp[1]:.0f} MHz ({sp[0]:.0f}-{sp[2]:.0f}, up to {sp[3]:.0f} W)")
-    if not parts:
-        return ["GPU clocks sampled, but no sample fell inside a timing (intervals shorter than the sampling period)"]
-    limit = clocks.get("power_limit_w")
-    return ["SM clock while timed: " + "; ".join(parts) + (f"; power limit {limit:.0f} W" if limit else "")]
-
-
-def _error_comparison(report: BenchReport) -> list[str]:
-    """Per baseline: in how many (case, output) pairs the fast path's max abs error is no
-    larger and its matched ratio no smaller than the baseline's."""
-    lines = []
-    for b in report.impls:
-        if b == report.fast:
-            continue
-        total = not_worse_max = not_worse_ratio = 0
-        for cb in report.cases:
-            f, o = cb.check.get(report.fast), cb.check.get(b)
-            if not f or not o:
-                continue
-            for name, mf in f["outputs"].items():
-                mo = o["outputs"].get(name)
-                if mo is None:
-                    continue
-                total += 1
-                not_worse_max += mf["max_abs"] <= mo["max_abs"]
-                not_worse_ratio += mf["matched_ratio"] >= mo["matched_ratio"]
-        if total:
-            lines.append(f"errors: {report.fast} vs {b}: max abs error no larger in {not_worse_max}/{total}, "
-                         f"matched ratio no smaller in {not_worse_ratio}/{total} (case, output) pairs")
-    return lines
-
-
-def plot_report(report: BenchReport, path: str) -> str:
-    """Latency per case (log scale) of every implementation, and the floor."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{c.case}\n" + "\n".join(f"{v}" for v in c.axes.values()) for c in report.cases]
-    xs = list(range(len(report.cases)))
-    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(xs) + 3), 5))
-    for impl in report.impls:
-        ys = [c.median(impl) for c in report.cases]
-        ax.plot([x for x, y in zip(xs, ys) if y is not None], [y for y in ys if y is not None],
-                marker="o", label=f"{impl} (mean {_ms(report.suite_mean(impl))} ms)")
-    floors = [c.floor_ms for c in report.cases]
-    if any(f is not None for f in floors):
-        ax.plot([x for x, f in zip(xs, floors) if f is not None], [f for f in floors if f is not None],
-                linestyle="--", color="black", label=f"floor (mean {_ms(report.floor_mean())} ms)")
-    sustained = [c.floor_sustained_ms for c in report.cases]
-    if any(f is not None for f in sustained):
-        ax.plot([x for x, f in zip(xs, sustained) if f is not None], [f for f in sustained if f is not None],
-                linestyle=":", color="gray",
-                label=f"floor at the sustained matmul rate (mean {_ms(report.floor_mean(sustained=True))} ms)")
-    ax.set_yscale("log")
-    ax.set_xticks(xs)
-    ax.set_xticklabels(labels, fontsize=7)
-    ax.set_xlabel("case (" + ", ".join(report.cases[0].axes) + ")" if report.cases else "case")
-    ax.set_ylabel("median latency (ms, log)")
-    ax.set_title(f"{report.op} on {report.device}")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def write_outputs(report: BenchReport, out_dir: str, *, plot: bool = True) -> list[str]:
-    """bench.json (everything), bench.txt (the terminal table) and bench.png under out_dir."""
-    import io
-    os.makedirs(out_dir, exist_ok=True)
-    paths = []
-    p = os.path.join(out_dir, "bench.json")
-    with open(p, "w") as f:
-        json.dump(report.to_dict(), f, indent=1, default=_json_default)
-    paths.append(p)
-    buf = io.StringIO()
-    print_bench_report(report, buf)
-    p = os.path.join(out_dir, "bench.txt")
-    with open(p, "w") as f:
-        f.write(buf.getvalue())
-    paths.append(p)
-    if plot and report.cases:
-        paths.append(plot_report(report, os.path.join(out_dir, "bench.png")))
-    return paths
-
-
-def _json_default(x):
-    return str(x)

@@ -3,8 +3,9 @@
 Two modes:
 
 * ``"benchmark"`` mirrors how SOL-ExecBench draws random inputs (SPEC.md), by its generic
-  rules unless the operator module defines ``benchmark_inputs(defn, axes, seed, device=)`` (a
-  problem with a custom input generator, e.g. Quant/028). The generic rules: floats are
+  rules unless the operator's spec names a ``benchmark`` input hook
+  (``OperatorSpec.inputs``; ``hook(defn, axes, seed, device=)``: a problem with a custom input
+  generator, e.g. Quant/028). The generic rules: floats are
   ``randn``; ``*norm_weight`` / ``*layernorm_weight`` are ones; weight matrices are
   ``randn / sqrt(last dim)``; other biases ``randn``; ``cos`` = cos(clamp(randn, -pi, pi)),
   ``sin`` = sin of an independent draw; fp8 tensors clamp(randn, -2, 2) rounded to e4m3;
@@ -12,8 +13,8 @@ Two modes:
 * ``"realistic"`` is what a real model feeds the operator: cos/sin from position ids
   (rope_theta from the definition; three position axes t, h, w for multimodal RoPE),
   norm weights near 1, and NVFP4 weights quantized from a Gaussian weight matrix with the
-  standard global/block scale recipe. An operator module may refine it by defining
-  ``realistic_inputs(defn, axes, seed, device=)``.
+  standard global/block scale recipe. An operator may refine it with a ``realistic`` input
+  hook in its spec.
 
 Every input is drawn from its own generator seeded from (seed, input name), *on the
 device the inputs are asked for* (drawing op A's 1 GB of full-size weights on the CPU
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 import torch
 
@@ -39,7 +40,7 @@ from . import operators
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
-__all__ = ["generate_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "input_generator",
+__all__ = ["generate_inputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "input_generator",
            "positions_to_cos_sin", "save_inputs", "load_inputs"]
 
 # dtype names of the definitions -> the torch storage dtype implementations receive
@@ -149,11 +150,15 @@ def _scalar(spec: TensorSpec, g: torch.Generator) -> float:
 
 
 def generic_benchmark_inputs(defn: Definition, axes: Mapping[str, int], seed: int,
-                             device: str | torch.device = "cpu") -> dict[str, Any]:
+                             device: str | torch.device = "cpu", names: Collection[str] | None = None
+                             ) -> dict[str, Any]:
     """Inputs by name under SOL-ExecBench's generic rules (the module docstring), one
-    generator per input on ``device``; ``axes``: the full binding."""
+    generator per input on ``device``; ``axes``: the full binding; ``names``: draw only these
+    (each input's own generator makes a subset the same values as a full draw)."""
     values: dict[str, Any] = {}
     for spec in defn.inputs:
+        if names is not None and spec.name not in names:
+            continue
         g = input_generator(seed, spec.name, device)
         if spec.is_scalar:
             values[spec.name] = _scalar(spec, g)
@@ -162,13 +167,19 @@ def generic_benchmark_inputs(defn: Definition, axes: Mapping[str, int], seed: in
     return values
 
 
-def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
-                    mode: str = "benchmark", device: str | torch.device = "cpu") -> list[Any]:
-    """Inputs in definition order for one binding of the var axes.
+def draw_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0, mode: str = "benchmark",
+                device: str | torch.device = "cpu", names: Collection[str] | None = None) -> dict[str, Any]:
+    """Inputs by name for one binding of the var axes: every input, or only ``names``.
 
-    Tensors come back contiguous on ``device``; scalar inputs are Python floats."""
+    Under the generic benchmark rules only the named inputs are drawn; an operator's own
+    input hook and the realistic mode draw inputs together (a scale with its weights), so
+    there everything is drawn and the rest dropped. Tensors come back contiguous on
+    ``device``; scalar inputs are Python floats."""
     if mode not in MODES:
         raise ValueError(f"input mode must be one of {MODES}, got {mode!r}")
+    unknown = sorted(set(names or ()) - set(defn.input_names))
+    if unknown:
+        raise ValueError(f"{defn.name}: names: {unknown} are not inputs (inputs: {defn.input_names})")
     axes = defn.resolve_axes(var_axes)
     # an operator may draw its inputs itself (its spec's ``inputs`` hooks): the realistic
     # mode, or the benchmark mode where the benchmark uses a custom generator of its own
@@ -179,12 +190,17 @@ def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int 
     elif mode == "realistic":
         values = default_realistic_inputs(defn, axes, seed, device)
     else:
-        values = generic_benchmark_inputs(defn, axes, seed, device)
-    result = []
-    for spec in defn.inputs:
-        v = values[spec.name]
-        result.append(v.to(device).contiguous() if isinstance(v, torch.Tensor) else v)
-    return result
+        values = generic_benchmark_inputs(defn, axes, seed, device, names)
+    wanted = defn.input_names if names is None else [n for n in defn.input_names if n in names]
+    return {n: values[n].to(device).contiguous() if isinstance(values[n], torch.Tensor) else values[n]
+            for n in wanted}
+
+
+def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
+                    mode: str = "benchmark", device: str | torch.device = "cpu") -> list[Any]:
+    """Inputs in definition order for one binding of the var axes (see :func:`draw_inputs`)."""
+    values = draw_inputs(defn, var_axes, seed=seed, mode=mode, device=device)
+    return [values[name] for name in defn.input_names]
 
 
 def save_inputs(path: str, defn: Definition, inputs: list[Any], **meta: Any) -> str:

@@ -21,8 +21,16 @@ __all__ = ["snapshot", "changed", "threads", "new_threads", "WATCHED"]
 
 # (module path, attribute path): looked up by name at snapshot and check time
 WATCHED: tuple[tuple[str, str], ...] = tuple(
-    [("fuseval.check", n) for n in ("compare", "_compare_sol", "_metrics", "fingerprint", "_overlaps",
-                                     "run_case", "poison_allocator")]
+    # each function under every name a verdict looks it up by: where it is defined and
+    # where run_case and the hygiene rules import it from
+    [("fuseval.check", n) for n in ("compare", "fingerprint", "run_case", "poison_allocator", "same_outputs",
+                                     "partial_calls", "judge_partial_calls", "blind_outputs", "check_outputs_shape",
+                                     "bind_axes", "generate_inputs")]
+    + [("fuseval.comparison", n) for n in ("compare", "_compare_sol", "_metrics", "_finite_or_zero", "_unravel",
+                                          "blind_outputs", "rms")]
+    + [("fuseval.hygiene", n) for n in ("fingerprint", "overlaps", "poison_allocator", "same_outputs", "_same_value",
+                                         "partial_calls", "judge_partial_calls", "compare", "draw_inputs")]
+    + [("fuseval.in_process", n) for n in ("overlaps", "poison_allocator")]
     + [("fuseval.validate", "check_outputs_shape")]
     + [("torch", n) for n in ("abs", "sub", "add", "mul", "div", "eq", "le", "lt", "ge", "gt", "ne",
                                "isfinite", "isnan", "isinf", "isclose", "allclose", "equal", "where",

@@ -22,8 +22,11 @@ the worker does in the implementation's place:
 On the CPU the tensors travel as torch shared-memory storages (``share_memory_``); on CUDA
 through CUDA IPC (``torch.multiprocessing``): the buffers are allocated on the device by
 fuseval and written by the worker. One worker serves one implementation for a whole run
-(``session()``, which the gate opens; otherwise a worker lives until its process exits),
-so the implementation is imported once; every case still gets fresh inputs.
+(until the ``session()`` it was started in ends; otherwise until fuseval's process
+exits), so the implementation is imported once; every case still gets fresh inputs.
+
+The worker's own side (its loop, how it describes outputs and exceptions) is
+:mod:`fuseval.worker_process`.
 """
 from __future__ import annotations
 
@@ -37,13 +40,13 @@ import signal
 import sys
 import threading
 import time
-import traceback
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
+
+from .worker_process import child_main, describe_exception, impl_error_location, is_oom
 
 __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
-           "session", "close_all", "can_isolate", "impl_error_location"]
+           "session", "close_all", "can_isolate", "impl_error_location", "describe_exception", "is_oom"]
 
 # seconds a case may take in the implementation (every call of the case together); the
 # first call of a GPU kernel includes its compilation
@@ -66,188 +69,6 @@ _MAX_WORKERS = 6
 class IsolationWarning(UserWarning):
     """An implementation given as a Python object that cannot be sent to a worker runs in
     fuseval's own process instead (it is trusted)."""
-
-
-def impl_error_location(exc: BaseException) -> str:
-    """``file:line`` of the innermost frame of an exception outside fuseval and torch (the
-    implementation's own line), or of the innermost frame when there is none."""
-    while exc.__cause__ is not None:        # a wrapped error: where the original was raised
-        exc = exc.__cause__
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return ""
-    here = os.path.dirname(os.path.abspath(__file__))
-    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(here + os.sep)
-            and f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith("<frozen")]
-    f = (mine or frames)[-1]
-    return f"{f.filename}:{f.lineno}"
-
-
-def describe_exception(exc: BaseException) -> tuple[str, str]:
-    """(one line "Type: message", "file:line") of an implementation's exception."""
-    line = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return line, impl_error_location(exc)
-
-
-def _is_oom(exc: BaseException) -> bool:
-    from .errors import is_out_of_memory
-    return is_out_of_memory(exc)
-
-
-# --------------------------------------------------------------------------- the worker (child)
-def _describe(o: Any, device: str, input_spans: list[tuple[int, int, int]]) -> dict[str, Any]:
-    import torch
-    if type(o) is not torch.Tensor:
-        kind = "tensor_subclass" if isinstance(o, torch.Tensor) else "not_tensor"
-        return {"kind": kind, "type": f"{type(o).__module__}.{type(o).__qualname__}"}
-    d: dict[str, Any] = {"kind": "tensor", "shape": [int(s) for s in o.shape],
-                         "dtype": str(o.dtype).replace("torch.", ""), "device": str(o.device)}
-    if o.device.type == "cuda" and device == "cuda":
-        d["device"] = "cuda"
-    s = o.untyped_storage()
-    lo, hi = s.data_ptr(), s.data_ptr() + s.nbytes()
-    d["aliases"] = [i for i, (dev_i, a, b) in enumerate(input_spans)
-                    if dev_i == hash(str(o.device)) and a < hi and lo < b and hi > lo and b > a]
-    return d
-
-
-def _tensor_spans(inputs) -> list[tuple[int, int, int]]:
-    import torch
-    spans = []
-    for t in inputs:
-        if isinstance(t, torch.Tensor):
-            s = t.untyped_storage()
-            spans.append((hash(str(t.device)), s.data_ptr(), s.data_ptr() + s.nbytes()))
-        else:
-            spans.append((0, 0, 0))
-    return spans
-
-
-def _child_main(conn, threads: int) -> None:
-    """The worker's loop. Messages in: pickled tuples (from fuseval, trusted); replies out:
-    JSON bytes (read by fuseval as data, never unpickled)."""
-    sys.stdout = sys.stderr          # the implementation's prints must not mix into fuseval's stdout
-    import torch
-    import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions
-    from . import integrity
-    from .check import poison_allocator
-    torch.set_num_threads(max(1, int(threads)))
-    baseline = integrity.snapshot()     # before the implementation is imported
-    state: dict[str, Any] = {"fn": None, "staged": None, "kept": None}
-
-    def reply(obj: dict) -> None:
-        conn.send_bytes(json.dumps(obj).encode())
-
-    def guarded(thunk: Callable[[], Any]) -> tuple[dict | None, Any]:
-        """Run implementation code: (failure reply or None, result)."""
-        try:
-            return None, thunk()
-        except SystemExit as exc:
-            return {"status": "exited", "code": exc.code if isinstance(exc.code, int) else 1,
-                    "error": f"the implementation called sys.exit({exc.code!r})"}, None
-        except BaseException as exc:  # noqa: BLE001 - any failure of the implementation is a verdict
-            line, where = describe_exception(exc)
-            return {"status": "raised", "error": line, "where": where, "oom": _is_oom(exc),
-                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}, None
-
-    while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
-            return
-        kind = msg[0]
-        if kind == "quit":
-            return
-        if kind == "load":
-            _, impl, defn, path, cwd = msg
-            # the caller's search path and folder, as they are now (a spare worker was
-            # started before the caller chose them)
-            sys.path[:] = list(path)
-            with contextlib.suppress(OSError):
-                os.chdir(cwd)
-            from .ops import resolve_impl
-            failure, fn = guarded(lambda: resolve_impl(defn, impl))
-            if failure is not None:
-                reply({**failure, "cause": failure["status"], "status": "load_failed"})
-                continue
-            from .budget.runner import staged_of
-            state["fn"], state["staged"] = fn, staged_of(defn, impl, fn)
-            reply({"status": "loaded", "staged": state["staged"] is not None,
-                   "tampered": integrity.changed(baseline)})
-            continue
-        if kind == "call":
-            req = msg[1]
-            inputs = req["inputs"]
-            torch.set_num_threads(max(1, int(req.get("threads", 1))))
-            dev = torch.device(req["device"])
-            if req.get("poison"):
-                poison_allocator(dev, int(req["poison"]))
-            before = integrity.threads()
-            taps: dict[str, Any] = {}
-            t0 = time.perf_counter()
-            if req["which"] == "staged":
-                from .budget.runner import _TapsUntil, _StageReached
-                taps = _TapsUntil(req.get("stop"))
-
-                def thunk():
-                    try:
-                        return state["staged"](*inputs, taps=taps, override=dict(req.get("override") or {}))
-                    except _StageReached:
-                        return None
-            else:
-                def thunk():
-                    return state["fn"](*inputs)
-            failure, out = guarded(lambda: (thunk(), torch.cuda.synchronize(dev) if dev.type == "cuda" else None)[0])
-            seconds = time.perf_counter() - t0
-            integ = {"tampered": integrity.changed(baseline), "threads": integrity.new_threads(before)}
-            if failure is not None:
-                failure.update(integ, seconds=seconds)
-                reply(failure)
-                continue
-            spans = _tensor_spans(inputs)
-            if out is None and req["which"] == "staged":
-                outs, shape = [], "none"
-            elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
-                outs, shape = [out], "tensor"
-            elif isinstance(out, (tuple, list)):
-                outs, shape = list(out), "sequence"
-            else:
-                outs, shape = [], "other"
-            described = [_describe(o, req["device"], spans) for o in outs]
-            tap_items = [(k, v) for k, v in dict.items(taps)]
-            tap_desc = [(k, _describe(v, req["device"], spans)) for k, v in tap_items]
-            tname = type(out).__qualname__ if type(out).__module__ == "builtins" else \
-                f"{type(out).__module__}.{type(out).__qualname__}"
-            reply({"status": "ok", "seconds": seconds, "shape": shape, "type": tname,
-                   "outputs": described, "taps": tap_desc, **integ})
-            fill = conn.recv()
-            if fill[0] != "fill":
-                continue
-            _, out_bufs, tap_bufs = fill
-            for buf, o in zip(out_bufs, outs):
-                if buf is not None:
-                    buf.copy_(o)
-            for buf, (_, v) in zip(tap_bufs, tap_items):
-                if buf is not None:
-                    buf.copy_(v)
-            if dev.type == "cuda":
-                torch.cuda.synchronize(dev)
-            if req.get("keep"):
-                state["kept"] = outs
-            del out, outs, taps, tap_items, inputs, fill, out_bufs, tap_bufs
-            reply({"status": "filled"})
-            continue
-        if kind == "recopy":
-            bufs = msg[1]
-            kept = state["kept"] or []
-            for buf, o in zip(bufs, kept):
-                if buf is not None:
-                    buf.copy_(o)
-            if kept and any(getattr(o, "is_cuda", False) for o in kept):
-                torch.cuda.synchronize()
-            state["kept"] = None
-            reply({"status": "filled"})
-            continue
 
 
 # --------------------------------------------------------------------------- the parent side
@@ -307,7 +128,7 @@ class Worker:
         import torch.multiprocessing as tmp
         ctx = tmp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=_child_main, args=(child, self.threads or torch.get_num_threads()),
+        proc = ctx.Process(target=child_main, args=(child, self.threads or torch.get_num_threads()),
                            daemon=True, name="fuseval-worker")
         # the worker must not re-run the caller's main script (a script without a main guard
         # would recurse): it needs fuseval and the implementation, nothing of __main__
@@ -597,9 +418,11 @@ def _take_spare() -> Worker | None:
 
 
 def _make_spare() -> None:
-    """Start a process for the next implementation now, so that it has imported torch by
-    the time it is needed (``FUSEVAL_SPARE_WORKER=0`` turns this off)."""
-    if _spare or os.environ.get("FUSEVAL_SPARE_WORKER", "1") == "0":
+    """Inside a ``session()``, start a process for the next implementation now, so that it
+    has imported torch by the time it is needed (``FUSEVAL_SPARE_WORKER=0`` turns this
+    off). Outside one there may be no next implementation (a check of one), and a spare
+    would only cost its start (about 3 s of CPU)."""
+    if _spare or _session_depth[0] == 0 or os.environ.get("FUSEVAL_SPARE_WORKER", "1") == "0":
         return
     w = Worker(None, None, "cpu")
     w.spawn()
@@ -638,8 +461,9 @@ def close_all() -> None:
 
 @contextlib.contextmanager
 def session():
-    """Workers started inside are closed on leaving (the gate and the CLI open one; outside,
-    workers live until the process exits)."""
+    """A run of several implementations (a gate): a spare worker is kept ready for the next
+    one, and the workers started inside are closed on leaving (outside a session, workers
+    live until the process exits)."""
     _session_depth[0] += 1
     try:
         yield

@@ -1,10 +1,12 @@
-"""The operator registry: definitions joined with their implementations.
+"""Operators joined with their implementations.
 
-An operator is its definition file (``fuseval/definitions/<name>.json``) plus the modules
-that file names under ``implementations`` (``reference`` is the float64 oracle). An
-implementation is any callable taking the inputs in definition order and returning the
-outputs in definition order; it is named either by a key of that table (``fast``,
-``torch``...), by ``"package.module:function"``, or passed as a callable.
+An operator is its definition (``definition.json`` of its package, see
+:mod:`fuseval.operators`) plus the callables its ``implementations`` table names
+(``reference`` is the float64 oracle). An implementation is any callable taking the
+inputs in definition order and returning the outputs in definition order; it is named
+either by a key of that table (``fast``, ``torch``...), by ``"package.module:function"``,
+or passed as a callable. A name that cannot be resolved is an :class:`ImplementationError`
+(exit code ``EXIT_IMPORT_ERROR``).
 """
 from __future__ import annotations
 
@@ -14,13 +16,12 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .definitions import Definition, list_operators, load
+from . import operators
+from .definitions import Definition, load
+from .errors import ImplementationError
 
-__all__ = ["Operator", "get", "names", "resolve_impl", "ImplementationError"]
-
-
-class ImplementationError(ValueError):
-    """An implementation could not be found or imported."""
+__all__ = ["Operator", "get", "names", "resolve_impl", "impl_label", "missing_implementation",
+           "ImplementationError"]
 
 
 def _import_callable(path: str) -> Callable:
@@ -72,7 +73,7 @@ class Operator:
 
 
 def names() -> list[str]:
-    return list_operators()
+    return operators.names()
 
 
 def get(name: str | Operator | Definition, config: str | dict = "seed",
@@ -100,6 +101,15 @@ def resolve_impl(defn: Definition, impl: str | Callable) -> Callable:
         raise ImplementationError(f"{defn.name}: unknown implementation {impl!r}; known: "
                                   f"{', '.join(defn.implementations)} (or give 'module:function')")
     return _import_callable(impl)
+
+
+def missing_implementation(defn: Definition, impl: str | Callable) -> str | None:
+    """Why ``defn`` has no implementation ``impl`` ("no implementation 'fast'"), or None when
+    it has one: a callable or a "module:function" path applies to every operator, a name
+    only to the operators whose table has it."""
+    if callable(impl) or not isinstance(impl, str) or ":" in impl or impl in defn.implementations:
+        return None
+    return f"no implementation {impl!r}"
 
 
 def impl_label(impl: str | Callable) -> str:

@@ -16,8 +16,9 @@ file, and pytest collects one item per gate component (``check``, ``properties``
 
 The items are named ``fuseval[<op>=<impl>]::<component>``; ``-k`` selects among them as
 usual. A failing component fails its item with the gate's findings (no traceback); a
-warning (a metric passing with a small margin) is reported as a pytest warning; a
-component whose module is missing is skipped with the reason.
+warning (a metric passing with a small margin) is reported as a pytest warning. Under
+``all``, an operator without the implementation named (``all=fast`` and an operator with
+no ``fast``) gets items skipped with that reason; naming such an operator fails its items.
 
 **Fixture.** ``fuseval_check(op, impl, **options)`` runs the gate (all components by
 default; ``components=["check"]`` for the statistical check alone) and fails the test
@@ -40,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from .gate import COMPONENTS as COMPONENT_NAMES   # gate.py imports only the standard library at load
+from .gate import COMPONENTS as COMPONENT_NAMES   # fuseval.gate's modules import only the standard library at load
 
 
 class FusevalGateWarning(UserWarning):
@@ -122,7 +123,7 @@ def _pairs(config) -> list[tuple[str, str]]:
         op, sep, impl = str(entry).partition("=")
         if not sep or not op.strip() or not impl.strip():
             raise pytest.UsageError(f"fuseval gate entry {entry!r}: expected OP=IMPL, e.g. "
-                                    "nvfp4_qkv_rope=mypkg.kernels:qkv_rope")
+                                    "my_operator=mypkg.kernels:forward (operators: `fuseval list`)")
         pairs.append((op.strip(), impl.strip()))
     return pairs
 
@@ -131,14 +132,19 @@ def _pairs(config) -> list[tuple[str, str]]:
 class FusevalItem(pytest.Item):
     """One gate component on one operator and implementation."""
 
-    def __init__(self, *, op: str, impl: str, component: str, settings: dict[str, Any], **kwargs):
+    def __init__(self, *, op: str, impl: str, component: str, settings: dict[str, Any],
+                 not_run: str | None = None, **kwargs):
         super().__init__(**kwargs)
         self.op, self.impl, self.component, self.settings = op, impl, component, settings
+        self.not_run = not_run          # why this operator does not run (no such implementation)
         self.add_marker("fuseval")
         self.result = None
 
     def runtest(self) -> None:
-        from .gate import run_component
+        from .gate import not_run, run_component
+        if self.not_run:
+            self.config.stash.setdefault(_RESULTS, []).append(not_run(self.op, self.component, self.not_run))
+            pytest.skip(f"fuseval {self.op} {self.component}: not run: {self.not_run}")
         s = self.settings
         result = run_component(self.component, self.op, self.impl, profile=s["profile"], cases=s["cases"],
                                seeds=s["seeds"], strict=s["strict"], out=s["out"], timeout=s["timeout"],
@@ -183,18 +189,21 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not pairs:
         return
     settings = _settings(config)
-    from .definitions import list_operators
-    known = list_operators()
+    from .definitions import load
+    from .operators import names
+    from .ops import missing_implementation
+    known = names()
     for op, impl in pairs:
         ops = known if op == "all" else [op]
         for name in ops:
             if name not in known:
                 raise pytest.UsageError(f"fuseval gate entry {op}={impl}: unknown operator {name!r}; "
                                         f"known: {', '.join(known)}")
+            reason = missing_implementation(load(name), impl) if op == "all" else None
             for component in settings["components"]:
                 items.append(FusevalItem.from_parent(session, name=f"fuseval[{name}={impl}]::{component}",
                                                      op=name, impl=impl, component=component,
-                                                     settings=settings))
+                                                     settings=settings, not_run=reason))
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:

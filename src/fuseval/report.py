@@ -7,7 +7,8 @@ from typing import TextIO
 
 from .definitions import axes_label
 
-__all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err", "fmt_number"]
+__all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err", "fmt_number",
+           "config_label", "timing_line"]
 
 
 def console(stream: TextIO | None = None):
@@ -57,6 +58,7 @@ def tolerance_rule(t: dict, atols: list[float] | None = None) -> str:
 
 def print_check_report(report, stream: TextIO | None = None) -> None:
     from rich.table import Table
+
     from .definitions import load
     t = report.tolerance
     rule = tolerance_rule(t, [c.tolerance["atol"] for c in report.cases if c.tolerance])
@@ -65,10 +67,14 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
         rule += " (the benchmark's workload file says 0.98 under a key its evaluator ignores: 0.99 applies)"
     against = "float64 oracle" if report.against == "reference" else report.against
     predicting = any(c.predicted is not None for c in report.cases)
-    table = Table(title=f"{report.op} [{report.config}] variant={report.variant} impl={report.impl} "
-                        f"device={report.device} seed={report.seed} mode={report.mode}\n"
-                        f"against {against}, {report.rules} rules: {rule}"
-                        + ("\npredicted benchmark verdict: against sol_reference, sol rules" if predicting else ""))
+    # the header as plain lines above the table: a table title wraps at the table's width,
+    # and as rich markup would drop "[small]" as a style tag
+    header = [f"{report.op} [{config_label(report)}] variant={report.variant} impl={report.impl} "
+              f"device={report.device} seed={report.seed} mode={report.mode}",
+              f"against {against}, {report.rules} rules: {rule}"]
+    if predicting:
+        header.append("predicted benchmark verdict: against sol_reference, sol rules")
+    table = Table()
     cols = ["case", "axes", "output", "max abs", "rel L2", "matched", "margin", "verdict"]
     if predicting:
         cols += ["bench matched", "bench margin", "bench verdict"]
@@ -95,6 +101,8 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
                     row += [f"{pm.matched_ratio:.4%}", f"{pm.matched_ratio - ratio:+.4%}", pv if i == 0 else ""]
             table.add_row(*row)
     out = console(stream)
+    for line in header:
+        out.print(line, markup=False, highlight=False)
     out.print(table)
     for c in report.cases:
         for msg in c.messages:
@@ -105,3 +113,21 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
         n_pred = sum(bool(c.predicted and c.predicted.passed) for c in report.cases)
         line += f"; the benchmark would pass {n_pred}/{len(report.cases)} (predicted)"
     out.print(line, markup=False, highlight=False)
+    for b in report.blind:
+        out.print(f"warning: {b.describe()}", markup=False, highlight=False)
+    out.print(timing_line(report), markup=False, highlight=False)
+
+
+def config_label(report) -> str:
+    """The configuration as given; a JSON object alone is the seed plus overrides, whose
+    cases stay full-size, which the label says."""
+    if report.config.lstrip().startswith("{"):
+        return f"{report.config}: seed + overrides, full-size cases"
+    return report.config
+
+
+def timing_line(report) -> str:
+    """Where a check's time went, one line: each part summed over the cases."""
+    parts = ", ".join(f"{key} {seconds:.2f}s" for key, seconds in report.timings.items())
+    return (f"time: {parts}; setup {report.setup_seconds:.2f}s, wall {report.wall_seconds:.2f}s "
+            f"({len(report.cases)} cases)")

@@ -80,17 +80,19 @@ class MetricStats:
     verdict: str                   # pass | warn | fail | info
 
     def describe(self) -> str:
+        from .report import fmt_number
         if self.metric == "matched_ratio":
-            fmt = lambda x: f"{100 * x:.3f}%"
+            fmt = lambda x: fmt_number(100 * x, 5, "g") + "%"
         else:
-            fmt = lambda x: f"{x:.3g}"
+            fmt = lambda x: fmt_number(x, 2, "g")
         text = (f"{self.output} {self.metric}: min {fmt(self.min)} / median {fmt(self.median)} / "
                 f"max {fmt(self.max)} over {self.n} samples")
         if self.threshold is not None:
             rel = ">=" if self.direction == "min" else "<="
+            left = self.margin_fraction
+            left = "inf" if left is None or math.isinf(left) else fmt_number(100 * left, 2, "g") + "%"
             text += (f"; rule {rel} {fmt(self.threshold)}, worst {fmt(self.worst)} "
-                     f"(case {self.worst_case}, seed {self.worst_seed}), margin "
-                     f"{'inf' if self.margin_fraction is None or math.isinf(self.margin_fraction) else f'{self.margin_fraction:.0%}'}"
+                     f"(case {self.worst_case}, seed {self.worst_seed}), margin {left}"
                      f" of the allowance -> {self.verdict}")
         return text
 
@@ -183,6 +185,26 @@ class StatsReport:
     def violations(self) -> list[str]:
         return list(dict.fromkeys(v for f in self.failures for v in f.violations))
 
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds by activity (inputs, oracle, impl, compare, hygiene) over every seed."""
+        total: dict[str, float] = {}
+        for rep in self.reports:
+            for k, v in rep.timings.items():
+                total[k] = total.get(k, 0.0) + v
+        return total
+
+    def case_timings(self) -> list[dict[str, Any]]:
+        """One row per case run: seed, case and its seconds by activity."""
+        return [{"seed": rep.seed, "case": c.case, **c.timings} for rep in self.reports for c in rep.cases]
+
+    @property
+    def blind(self) -> list[dict[str, Any]]:
+        """The outputs whose tolerance cannot see an error of 10% of their RMS, per seed:
+        {seed, case, output, rms, atol} (from each seed's ``CheckReport.blind``)."""
+        return [{"seed": rep.seed, "case": b.case, "output": b.output, "rms": b.rms, "atol": b.atol}
+                for rep in self.reports for b in rep.blind]
+
     def warnings(self) -> list[MetricStats]:
         return [m for m in self.metrics if m.verdict == "warn"]
 
@@ -196,8 +218,9 @@ class StatsReport:
             text += "; rules broken: " + ", ".join(f"{m.output} {m.metric}" for m in broken[:4])
         elif judged:
             tight = min(judged, key=lambda m: m.margin_fraction)
-            text += (f"; tightest: {tight.output} {tight.metric} with {tight.margin_fraction:.0%} "
-                     "of its allowance left")
+            from .report import fmt_number
+            text += (f"; tightest: {tight.output} {tight.metric} with "
+                     f"{fmt_number(100 * tight.margin_fraction, 2, 'g')}% of its allowance left")
         if self.warnings():
             text += f"; {len(self.warnings())} metric(s) near the threshold"
         return text
@@ -220,6 +243,7 @@ class StatsReport:
             "tolerance": dict(self.tolerance), "n_runs": self.n_runs, "verdict": self.verdict,
             "metrics": [asdict(m) for m in self.metrics],
             "failures": [asdict(f) for f in self.failures],
+            "timings": self.timings, "blind": self.blind,
         }
 
     def to_dataframe(self):

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..definitions import Definition, list_operators, load
-from .metrics import (ABS_METRICS, METRICS, PRECISIONS, REL_METRICS, ULP_METRICS, check_precision, ulp,
-                      unit_roundoff)
+from ..precision import PRECISIONS, canonical, check_precision, ulp, unit_roundoff
+from .metrics import ABS_METRICS, METRICS, REL_METRICS, ULP_METRICS
 
 __all__ = ["Allowance", "StageBudget", "EndToEndBudget", "Budget", "load_budget", "default_budget_path",
            "SCHEMA_VERSION", "KINDS"]
@@ -279,7 +279,7 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
                                  "or 'defaults')")
         dtype = check_precision(merged["dtype"], f"{where}: {origin['dtype']}.dtype")
         operand = check_precision(merged.get("operand_dtype", "float32"),
-                             f"{where}: {origin.get('operand_dtype', 'defaults')}.operand_dtype")
+                                  f"{where}: {origin.get('operand_dtype', 'defaults')}.operand_dtype")
         allowances = _allowances(merged["allowance"], f"{where}: {origin['allowance']}.allowance", axis_names,
                                  stage=True)
         note = merged.get("note", "")
@@ -292,9 +292,9 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
     tol = e2e.get("tolerance", True)
     if not isinstance(tol, bool):
         raise ValueError(f"{where}: end_to_end.tolerance: expected true or false, got {tol!r}")
-    out_dtype = defn.outputs[0].dtype
+    out_dtype = canonical(defn.outputs[0].dtype)
     e2e_dtype = check_precision(e2e.get("dtype", out_dtype if out_dtype in PRECISIONS else "float32"),
-                           f"{where}: end_to_end.dtype")
+                                f"{where}: end_to_end.dtype")
     description = raw.get("description", "")
     if not isinstance(description, str):
         raise ValueError(f"{where}: description: expected a string")

@@ -22,7 +22,8 @@ import io
 import math
 from typing import Any
 
-from .report import _cases, _e, _pct, num, render_markdown
+from ..jsonio import number
+from .report import _cases, _e, _pct, render_markdown
 
 __all__ = ["render_html"]
 
@@ -64,13 +65,13 @@ def _bars(d: dict) -> str | None:
         for s in _stage_rows(d, name):
             for kind in ("local", "propagated", "naive_local"):
                 m = s.get(kind)
-                if m and num(m["scale"]) > 0:
-                    v = num(m["max_abs"]) / num(m["scale"])
+                if m and number(m["scale"]) > 0:
+                    v = number(m["max_abs"]) / number(m["scale"])
                     worst[kind] = v if math.isnan(worst[kind]) else max(worst[kind], v)
             for ch in s["checks"]:
                 if ch["metric"] == "max_abs" and ch["applies_to"] == "local" and s.get("local") \
-                        and num(s["local"]["scale"]) > 0:
-                    v = num(ch["limit"]) / num(s["local"]["scale"])
+                        and number(s["local"]["scale"]) > 0:
+                    v = number(ch["limit"]) / number(s["local"]["scale"])
                     worst["limit"] = v if math.isnan(worst["limit"]) else min(worst["limit"], v)
         for k in series:
             series[k].append(worst[k])
@@ -148,7 +149,7 @@ def _against_cases(d: dict) -> str | None:
                 m = c["end_to_end"].get(kind)
                 if m:
                     xs.append(c["axes"][axis])
-                    ys.append(_positive(num(m["max_abs"])))
+                    ys.append(_positive(number(m["max_abs"])))
             if xs:
                 ax.scatter(xs, ys, label=label, s=18, color=_COLORS.get(kind if kind != "reference_fp32" else "fp32"),
                            marker="o" if kind == "impl" else "x")
@@ -162,7 +163,7 @@ def _against_cases(d: dict) -> str | None:
     if d["staged"]:
         ax = fig.add_subplot(1, len(panels) + 1, len(panels) + 1)
         for name in d["stages"]:
-            pts = sorted((c["axes"][seq], max((num(ch["usage"]) for ch in s["checks"]), default=math.nan))
+            pts = sorted((c["axes"][seq], max((number(ch["usage"]) for ch in s["checks"]), default=math.nan))
                          for c, s in zip(cases, _stage_rows(d, name)))
             ax.plot([x for x, _ in pts], [_positive(u) for _, u in pts], marker=".", label=name)
         ax.axhline(1.0, color="black", lw=1)
@@ -193,7 +194,7 @@ def render_html(d: dict[str, Any]) -> str:
              f"<p class='{verdict_cls}'>{esc(verdict)}</p>",
              f"<p>config <code>{esc(d['config'])}</code>, {esc(d['mode'])} inputs, seed {d['seed']}, "
              f"device {esc(d['device'])} ({esc(d['device_name'])}), torch {esc(d['torch_version'])}, "
-             f"{len(d['cases'])} cases in {num(d['seconds']):.1f} s; budget <code>{esc(str(d['budget'].get('source')))}</code>.</p>"]
+             f"{len(d['cases'])} cases in {number(d['seconds']):.1f} s; budget <code>{esc(str(d['budget'].get('source')))}</code>.</p>"]
     if d["staged"]:
         rows = []
         for name in d["stages"]:
@@ -225,7 +226,7 @@ def render_html(d: dict[str, Any]) -> str:
                      "<span class='ok'>pass</span>" if c["passed"] else f"<span class='bad'>{esc(str(c['first_over_budget'] or 'raised'))}</span>",
                      _e(m.get("max_abs")), _pct(m.get("matched_ratio")),
                      _e((e.get("naive") or {}).get("max_abs")), _e((e.get("reference_fp32") or {}).get("max_abs")),
-                     _e((e.get("torch") or {}).get("max_abs")), f"{sum(num(v) for v in c['seconds'].values()):.2f}"])
+                     _e((e.get("torch") or {}).get("max_abs")), f"{sum(number(v) for v in c['seconds'].values()):.2f}"])
     parts.append("<h2>Cases</h2>")
     parts.append(_table(["case", "axes", "verdict / first over budget", "final max abs", "matched",
                          "naive", "fp32 ref", "torch", "seconds"], rows))

@@ -18,8 +18,8 @@ plots read one shape:
 ``hist``         counts of log10 |error| in the bins of :data:`HIST_EDGES` (exact zeros
                  counted separately in ``hist_zero``); only when asked for
 
-Precisions are named, not torch dtypes, because "tf32" (10 explicit mantissa bits,
-fp32's exponent range: what tensor cores read of an fp32 operand) has no torch dtype.
+Precisions are named (``"float32"``, ``"tf32"``...) as in :mod:`fuseval.precision`, the
+one table of formats, unit roundoffs and ulps.
 """
 from __future__ import annotations
 
@@ -28,18 +28,10 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["PRECISIONS", "check_precision", "ulp", "unit_roundoff", "error_metrics", "final_metrics",
-           "storage_precision", "dtype_precision", "finer", "HIST_EDGES", "METRICS", "ULP_METRICS",
-           "ABS_METRICS", "REL_METRICS"]
+from ..precision import dtype_precision, ulp
 
-# name -> (explicit mantissa bits, smallest normal exponent)
-PRECISIONS: dict[str, tuple[int, int]] = {
-    "float64": (52, -1022),
-    "float32": (23, -126),
-    "tf32": (10, -126),
-    "float16": (10, -14),
-    "bfloat16": (7, -126),
-}
+__all__ = ["error_metrics", "final_metrics", "storage_precision", "HIST_EDGES", "METRICS", "ULP_METRICS",
+           "ABS_METRICS", "REL_METRICS"]
 
 ABS_METRICS = ("max_abs",)
 REL_METRICS = ("rel_l2",)
@@ -56,55 +48,16 @@ HIST_EDGES: list[float] = [-16 + 0.25 * i for i in range(81)]
 _QUANTILE_SAMPLE = 1 << 22
 
 
-def check_precision(name: str, where: str) -> str:
-    if name not in PRECISIONS:
-        raise ValueError(f"{where}: unknown precision {name!r}; expected one of {sorted(PRECISIONS)}")
-    return name
-
-
-def unit_roundoff(precision: str) -> float:
-    """Half an ulp of 1: the relative error bound of one rounding to ``precision``."""
-    return 2.0 ** -(PRECISIONS[precision][0] + 1)
-
-
-def ulp(magnitude: torch.Tensor | float, precision: str) -> torch.Tensor | float:
-    """The spacing of ``precision`` numbers at |x| (2^(floor(log2|x|) - mantissa bits),
-    the subnormal spacing below the smallest normal, so never 0)."""
-    mant, emin = PRECISIONS[precision]
-    if not isinstance(magnitude, torch.Tensor):
-        m = abs(float(magnitude))
-        e = math.frexp(m)[1] - 1 if m > 0 and math.isfinite(m) else emin
-        return math.ldexp(1.0, max(e, emin) - mant)
-    a = magnitude.abs().to(torch.float64)
-    _, e = torch.frexp(a)                      # a = f * 2^e, f in [0.5, 1)  ->  floor(log2 a) = e - 1
-    e = torch.where(a > 0, e - 1, torch.full_like(e, emin)).clamp_min(emin)
-    return torch.ldexp(torch.ones_like(a), (e - mant).to(torch.float64))
-
-
-def finer(a: str, b: str) -> str:
-    """The finer of two precisions (more mantissa bits; ``b`` on a tie)."""
-    return a if PRECISIONS[a][0] > PRECISIONS[b][0] else b
-
-
-_TORCH_PRECISION = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
-                    torch.float16: "float16"}
-
-
-def dtype_precision(dtype: torch.dtype) -> str:
-    """The precision name of a floating-point torch dtype (ValueError for any other)."""
-    name = _TORCH_PRECISION.get(dtype)
-    if name is None:
-        raise ValueError(f"stage taps must be floating point, got {dtype}")
-    return name
-
-
 def storage_precision(t: torch.Tensor) -> str:
     """The precision a tensor's values are stored in: its dtype, or for float32 storage
     the coarsest grid every finite value lies on (bf16: low 16 bits zero; tf32: low 13
     bits zero), so a kernel that rounds its float32 stage output to TF32 (because a TF32
     GEMM reads it next) is recognised as storing TF32. Fewer than 64 nonzero values say
     nothing (float32 is assumed): small integers lie on every grid."""
-    name = dtype_precision(t.dtype)
+    try:
+        name = dtype_precision(t.dtype)
+    except ValueError as exc:
+        raise ValueError(f"stage tap: {exc}") from None
     if name != "float32":
         return name
     bits = t.detach().contiguous().view(torch.int32)

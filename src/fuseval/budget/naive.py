@@ -11,7 +11,8 @@ The naive is the float32 reference (``reference(dtype=float32)``, the same formu
 the same order as the oracle) run one stage at a time with a stage-function namespace
 whose matmuls round their operands to ``operand_dtype``; so its error is the error that
 precision inherently costs on these inputs, with no algorithmic cleverness in either
-direction. This module holds the rounding functions and those namespaces.
+direction. This module holds those namespaces; the rounding is :func:`fuseval.precision.round_to`
+(TF32 with ties to even, as cuBLAS converts an fp32 operand).
 """
 from __future__ import annotations
 
@@ -21,34 +22,10 @@ import types
 
 import torch
 
+from ..precision import check_precision, round_to
 from ..refimpl import stages as reference_stages
-from .metrics import PRECISIONS
 
-__all__ = ["round_to", "emulated_stages"]
-
-
-def _round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """Round float32 values to 10 explicit mantissa bits, nearest-even (what cuBLAS and
-    Triton do to an fp32 operand of a TF32 tensor-core matmul, up to tie handling)."""
-    x = t.to(torch.float32).contiguous()
-    bits = x.view(torch.int32)
-    lsb = (bits >> 13) & 1
-    rounded = ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
-    return torch.where(torch.isfinite(x), rounded, x)
-
-
-def round_to(t: torch.Tensor, precision: str | None) -> torch.Tensor:
-    """``t`` rounded to ``precision`` and returned in float32 (float64 for "float64"),
-    the dtype the naive computes in. ``None`` leaves the values alone."""
-    if precision is None or precision == "float64":
-        return t if precision is None else t.to(torch.float64)
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; expected one of {sorted(PRECISIONS)}")
-    if precision == "float32":
-        return t.to(torch.float32)
-    if precision == "tf32":
-        return _round_tf32(t)
-    return t.to({"bfloat16": torch.bfloat16, "float16": torch.float16}[precision]).to(torch.float32)
+__all__ = ["emulated_stages"]
 
 
 def _linear(x, weight, bias=None, *, operand: str):
@@ -86,9 +63,9 @@ def emulated_stages(operand: str | None) -> types.SimpleNamespace:
     """A stage namespace (for ``reference(stages=...)``) whose matmuls read operands in
     ``operand`` precision. ``None``, "float32" and "float64" give the plain stages."""
     ns = types.SimpleNamespace(**{n: getattr(reference_stages, n) for n in reference_stages.__all__})
+    if operand is not None:
+        operand = check_precision(operand, "operand precision")
     if operand not in (None, "float32", "float64"):
-        if operand not in PRECISIONS:
-            raise ValueError(f"unknown operand precision {operand!r}; expected one of {sorted(PRECISIONS)}")
         ns.linear = functools.partial(_linear, operand=operand)
         ns.causal_gqa_attention = functools.partial(_causal_gqa_attention, operand=operand)
     return ns

@@ -6,7 +6,7 @@ only that dict, so a saved report can be rendered again later
 (:func:`render_markdown`, :func:`fuseval.budget.html.render_html`).
 
 Non-finite numbers are written as the strings "inf", "-inf" and "nan" so the file is
-strict JSON.
+strict JSON (:mod:`fuseval.jsonio`, whose ``number`` reads them back).
 
 Schema (version 1), top level: ``schema_version``, ``kind`` ("fuseval.budget"), ``op``,
 ``impl``, ``config``, ``device``, ``device_name``, ``seed``, ``mode``, ``tolerance``,
@@ -30,6 +30,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..jsonio import dumps, jsonable, number
+from ..report import fmt_number
 from .metrics import HIST_EDGES, METRICS
 
 __all__ = ["StageResult", "EndToEnd", "BudgetCase", "BudgetReport", "render_markdown", "load_report",
@@ -92,28 +94,6 @@ class BudgetCase:
         raise KeyError(name)
 
 
-def _clean(x: Any) -> Any:
-    """Strict-JSON copy: non-finite floats become strings."""
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if math.isinf(x):
-            return "inf" if x > 0 else "-inf"
-        return x
-    if isinstance(x, dict):
-        return {str(k): _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
-def num(x: Any) -> float:
-    """A JSON number back to float ("inf"/"nan" strings included; None -> NaN)."""
-    if x is None:
-        return math.nan
-    return float(x)
-
-
 @dataclass
 class BudgetReport:
     op: str
@@ -161,10 +141,10 @@ class BudgetReport:
                "first_over_budget_by_case": {str(k): v for k, v in self.first_over_budget_by_case.items()},
                "summary": summarize(self.stages, cases),
                "histogram_edges_log10": list(HIST_EDGES), "cases": cases}
-        return _clean(out)
+        return jsonable(out)
 
     def to_json(self, indent: int | None = None) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent=indent)
 
     def save_json(self, path: str | os.PathLike) -> str:
         with open(path, "w") as f:
@@ -217,7 +197,7 @@ def report_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
     for c in d["cases"]:
         base = {"case": c["case"], **c["axes"]}
         for s in c["stages"]:
-            usage = max((num(ch["usage"]) for ch in s["checks"]), default=math.nan)
+            usage = max((number(ch["usage"]) for ch in s["checks"]), default=math.nan)
             for kind in STAGE_KINDS:
                 m = s.get(kind)
                 if not m:
@@ -225,9 +205,9 @@ def report_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
                 row = {**base, "stage": s["stage"], "parent": s["parent"], "kind": kind, "dtype": s["dtype"],
                        "impl_dtype": s["impl_dtype"], "impl_storage": s["impl_storage"],
                        "precision": s["precision"]}
-                row.update({k: num(m.get(k)) for k in METRICS + ("scale",) if k in m})
+                row.update({k: number(m.get(k)) for k in METRICS + ("scale",) if k in m})
                 if "matched_ratio" in m:
-                    row["matched_ratio"] = num(m["matched_ratio"])
+                    row["matched_ratio"] = number(m["matched_ratio"])
                     row["tolerance_passed"] = m["tolerance_passed"]
                 row["stage_passed"] = s["passed"]
                 row["stage_usage"] = usage
@@ -238,7 +218,7 @@ def report_rows(d: dict[str, Any]) -> list[dict[str, Any]]:
             if not m:
                 continue
             row = {**base, "stage": "end_to_end", "parent": None, "kind": kind}
-            row.update({k: num(m.get(k)) for k in METRICS + ("scale", "matched_ratio") if k in m})
+            row.update({k: number(m.get(k)) for k in METRICS + ("scale", "matched_ratio") if k in m})
             row["tolerance_passed"] = m["tolerance_passed"]
             row["stage_passed"] = e["passed"] if kind == "impl" else None
             rows.append(row)
@@ -259,7 +239,7 @@ def _least(values):
 def _worst_usage(entries: list[tuple[int, dict]]) -> tuple[float, int | None]:
     """The largest budget usage (value / limit over every check) among (case, judged
     entry) pairs, and the case it happens in; (NaN, None) when nothing was judged."""
-    usage = [(max((num(ch["usage"]) for ch in e["checks"]), default=math.nan), i) for i, e in entries]
+    usage = [(max((number(ch["usage"]) for ch in e["checks"]), default=math.nan), i) for i, e in entries]
     judged = [(u, i) for u, i in usage if not math.isnan(u)]
     return max(judged) if judged else (math.nan, None)
 
@@ -274,7 +254,7 @@ def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
         entries = [(c["case"], next(s for s in c["stages"] if s["stage"] == name)) for c in cases]
         worst_usage, worst_case = _worst_usage(entries)
         def worst(kind, key):
-            return _worst(num(s[kind][key]) if s.get(kind) else None for _, s in entries)
+            return _worst(number(s[kind][key]) if s.get(kind) else None for _, s in entries)
         out[name] = {
             "usage": worst_usage, "worst_case": worst_case,
             "local_max_abs": worst("local", "max_abs"),
@@ -292,7 +272,7 @@ def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
     e2e = [(c["case"], c["end_to_end"]) for c in cases]
     worst_usage, worst_case = _worst_usage(e2e)
     def wf(kind, key, fn=_worst):
-        return fn(num(e[kind][key]) if e.get(kind) else None for _, e in e2e)
+        return fn(number(e[kind][key]) if e.get(kind) else None for _, e in e2e)
     out["end_to_end"] = {
         "usage": worst_usage, "worst_case": worst_case,
         "max_abs": wf("impl", "max_abs"),
@@ -309,16 +289,15 @@ def summarize(stages: list[str], cases: list[dict]) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- Markdown
 def _e(x: Any) -> str:
-    v = num(x)
+    """An error in a table: 3 significant digits; "-" when missing (NaN), "0" when exact."""
+    v = number(x)
     if math.isnan(v):
         return "-"
-    if math.isinf(v):
-        return "inf"
-    return "0" if v == 0 else f"{v:.2e}"
+    return "0" if v == 0 else fmt_number(v, 2, "e")
 
 
 def _pct(x: Any) -> str:
-    v = num(x)
+    v = number(x)
     if math.isnan(v):
         return "-"
     if math.isinf(v):
@@ -348,7 +327,7 @@ def render_markdown(d: dict[str, Any]) -> str:
     dev = d["device"] + (f" ({d['device_name']})" if d["device_name"] not in ("cpu", d["device"]) else "")
     lines = [f"### fuseval budget: `{d['op']}`, impl `{d['impl']}`: {verdict}", "",
              f"{n} cases (config `{d['config']}`, {d['mode']} inputs, seed {d['seed']}) on {dev} in "
-             f"{num(d['seconds']):.1f} s. Errors against the float64 oracle; worst case over the cases. "
+             f"{number(d['seconds']):.1f} s. Errors against the float64 oracle; worst case over the cases. "
              f"*local*: the stage fed the oracle's inputs; *propagated*: the implementation's own pipeline; "
              f"*downstream*: final-output error of the implementation up to this stage, the oracle after; "
              f"*naive*: float32 reference in the stage's precision (the implementation's storage, never coarser "
@@ -386,7 +365,7 @@ def render_markdown(d: dict[str, Any]) -> str:
     over = e["cases_over"]
     allow = "; ".join((["benchmark tolerance"] if bs["end_to_end"]["tolerance"] else []) +
                       bs["end_to_end"]["allowances"]) or "-"
-    matched = num(e["min_matched_ratio"])
+    matched = number(e["min_matched_ratio"])
     lines.append(f"**End to end** ({allow}): {'pass' if not over else f'**OVER** (cases {_cases(over)})'}; "
                  f"used {_pct(e['usage'])}. Max abs error: impl {_e(e['max_abs'])} "
                  f"(matched >= {'-' if math.isnan(matched) else f'{100 * matched:.2f}%'}"

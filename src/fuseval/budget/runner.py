@@ -44,8 +44,9 @@ from ..definitions import Definition
 from ..inputs import TORCH_DTYPES, generate_inputs
 from ..isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
 from .budgetfile import Allowance, Budget, load_budget
-from .metrics import error_metrics, final_metrics, finer, storage_precision
-from .naive import emulated_stages, round_to
+from ..precision import finer, round_to
+from .metrics import error_metrics, final_metrics, storage_precision
+from .naive import emulated_stages
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
 
 __all__ = ["run_budget", "staged_of", "run_until"]
@@ -250,33 +251,29 @@ class _CaseRunner:
             return None
 
     def _partial_cache(self, case, seed: int, mode: str, inputs, produced, messages) -> bool:
-        """The forward once with only the activations and once with only the weights drawn
-        anew: each answer must differ from the first and match the oracle on its own inputs
-        (a result cached on part of the inputs would otherwise be measured as exact).
-        Returns True when one of them did not."""
-        from ..check import compare, input_groups
-        other = generate_inputs(self.defn, case.axes, seed=seed + 7_919_993, mode=mode, device=self.device)
+        """The check's later calls (:func:`fuseval.hygiene.partial_calls`: only the activations,
+        then only the weights drawn anew, calls that change nothing left out): each answer
+        must differ from the first and match the oracle on its own inputs (a result cached
+        on part of the inputs would otherwise be measured as exact). Returns True when one
+        of them did not."""
+        from ..comparison import compare
+        from ..hygiene import partial_calls, same_outputs
         bad = False
-        for name, idx in input_groups(self.defn).items():
-            idx = set(idx)
-            if not idx or len(idx) == len(inputs):
-                continue
-            mixed = [other[i] if i in idx else inputs[i] for i in range(len(inputs))]
+        for call in partial_calls(self.defn, case, seed, inputs, mode, self.device):
             try:
-                out = _as_tuple(self.forward(*mixed))
+                out = _as_tuple(self.forward(*call.inputs))
             except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict
-                messages.append(f"implementation raised (call with only the {name} changed): {_error_text(exc)}")
+                messages.append(f"implementation raised (call with {call.what}): {_error_text(exc)}")
                 return True
-            refs = _as_tuple(self.oracle(*mixed))
-            if all(torch.equal(a.to(torch.float64).nan_to_num(1.5), b.to(torch.float64).nan_to_num(1.5))
-                   for a, b in zip(out, produced)):
-                messages.append(f"cached_result: a call with only the {name} changed returned identical outputs")
+            if same_outputs(produced, out):
+                messages.append(f"cached_result: a call with {call.what} returned identical outputs")
                 bad = True
                 continue
+            refs = _as_tuple(self.oracle(*call.inputs))
             wrong = [m for m in (compare(o, r, self.defn.tolerance, n) for o, r, n in zip(out, refs, self.out_names))
                      if not m.passed]
             if wrong:
-                messages.append(f"cached_result: a call with only the {name} changed does not match the oracle on its "
+                messages.append(f"cached_result: a call with {call.what} does not match the oracle on its "
                                 f"inputs ({wrong[0].name}: matched {wrong[0].matched_ratio:.4%})")
                 bad = True
         return bad

@@ -9,22 +9,21 @@ compare --baseline baselines/nvfp4_qkv_rope.small.cpu.json --impl fast'. See doc
 """
 from __future__ import annotations
 
-import json
 import sys
 
-
-from . import add_variant_argument
+from . import add_problem_argument, add_variant_argument, at_least, parse_cases, parse_config, parse_device
 
 
 def add_arguments(p) -> None:
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = sub.add_parser("save", help="measure an implementation and write baseline file(s)",
                        description="Measure an implementation and write a baseline file per operator.")
-    s.add_argument("--op", required=True, help="operator name, a comma list or 'all'")
+    s.add_argument("--op", default=None, help="operator name, a comma list or 'all'")
+    add_problem_argument(s)
     s.add_argument("--impl", default="fast", help="implementation name or 'module:function' (default: %(default)s)")
-    s.add_argument("--config", default="small", help="configuration (default: %(default)s)")
-    s.add_argument("--cases", default=None, help="case subset, e.g. '0,3,5-7' (default: all)")
-    s.add_argument("--device", default="cpu", help="cpu or cuda (default: %(default)s)")
+    s.add_argument("--config", default="small", type=parse_config, help="configuration (default: %(default)s)")
+    s.add_argument("--cases", default=None, type=parse_cases, help="case subset, e.g. '0,3,5-7' (default: all)")
+    s.add_argument("--device", default="cpu", type=parse_device, help="cpu or cuda (default: %(default)s)")
     s.add_argument("--seeds", type=int, default=3, help="number of seeds, >= 3 (default: %(default)s)")
     s.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"])
     add_variant_argument(s)
@@ -42,10 +41,12 @@ def add_arguments(p) -> None:
     c.add_argument("--impl", default=None, help="implementation to measure (default: the baseline's)")
     c.add_argument("--current", default=None, nargs="+",
                    help="compare with saved measurement file(s) instead of measuring")
-    c.add_argument("--device", default=None, help="measure on this device (default: the baseline's)")
-    c.add_argument("--factor", type=float, default=None, help="allowed error growth factor (default: 2)")
-    c.add_argument("--k", type=float, default=None, help="allowed growth in seed spreads (default: 3)")
-    c.add_argument("--slowdown", type=float, default=None, help="allowed slowdown fraction (default: 0.10)")
+    c.add_argument("--device", default=None, type=parse_device,
+                   help="measure on this device (default: the baseline's)")
+    c.add_argument("--factor", type=at_least(1), default=None,
+                   help="allowed error growth factor, >= 1 (default: 2)")
+    c.add_argument("--k", type=at_least(0), default=None, help="allowed growth in seed spreads (default: 3)")
+    c.add_argument("--slowdown", type=at_least(0), default=None, help="allowed slowdown fraction (default: 0.10)")
     c.add_argument("--markdown", default=None, metavar="PATH", help="also write the diff table as Markdown")
     c.add_argument("--json", default=None, metavar="PATH", help="also write the comparison as JSON")
     c.add_argument("--save-current", default=None, metavar="PATH",
@@ -61,9 +62,12 @@ def _save(args) -> int:
     from .. import baseline
     from ..errors import FusevalError
     from ..gate import resolve_ops
+    from . import operator_definition
     names = resolve_ops(args.op)
     if args.seeds < 3:
         raise FusevalError(f"--seeds must be >= 3 so the baseline has a spread to judge noise by, got {args.seeds}")
+    for name in names:
+        operator_definition(name, args.config, args.cases)
     to_file = args.out.endswith(".json")
     if to_file and len(names) > 1:
         raise FusevalError(f"--out {args.out!r} is one file but {len(names)} operators were asked for; "
@@ -88,6 +92,7 @@ def _compare(args) -> int:
     from .. import baseline
     from ..definitions import DEFAULT_VARIANT, variant_scope
     from ..errors import EXIT_REGRESSION, FusevalError
+    from ..jsonio import dumps
     if args.current and len(args.current) != len(args.baseline):
         raise FusevalError(f"--current needs one file per --baseline file ({len(args.baseline)}), "
                            f"got {len(args.current)}")
@@ -122,10 +127,9 @@ def _compare(args) -> int:
             if args.save_current:
                 baseline.save(current, args.save_current if len(args.baseline) == 1 else
                               baseline.default_path(base["op"], base["config"], current["device"], args.save_current))
-        try:
+        from . import user_input
+        with user_input():           # a baseline of another variant than the measurement
             comparisons.append(baseline.compare(base, current, **options))
-        except ValueError as exc:
-            raise FusevalError(str(exc)) from exc
     for comp in comparisons:
         comp.print_table()
     if args.markdown:
@@ -133,7 +137,7 @@ def _compare(args) -> int:
             f.write("\n".join(c.to_markdown() for c in comparisons))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump([c.to_dict() for c in comparisons], f, indent=1)
+            f.write(dumps([c.to_dict() for c in comparisons], indent=1) + "\n")
     return EXIT_REGRESSION if any(not c.passed for c in comparisons) else 0
 
 

@@ -55,15 +55,14 @@ class _Progress:
 def run(args) -> int:
     from ..budget import load_budget, run_budget
     from ..definitions import load
-    from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK, FusevalError
+    from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK
 
-    from . import writable_folder
-    defn = load(args.op)                     # unknown operator -> its own exit code, before the budget
+    from . import operator_definition, user_input, writable_folder
+    operator_definition(args.op, args.config, args.cases)   # unknown operator, config, cases: before any work
     writable_folder(args.out or ("." if (args.html or args.markdown) else None), "--out")
-    try:
+    defn = load(args.op)
+    with user_input("--budget", EXIT_BAD_FILE):
         budget = load_budget(args.budget if args.budget else defn.name, defn)
-    except ValueError as exc:
-        raise FusevalError(str(exc), EXIT_BAD_FILE) from None
     report = run_budget(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                         seed=args.seed, mode=args.mode, budget=budget, progress=_Progress(),
                         baselines=not args.no_baselines, isolate=False if args.in_process else None, timeout=args.timeout)

@@ -4,7 +4,6 @@ Prints a per-case table (max abs error, matched ratio under the tolerance rule, 
 and exits 0 only when every case passes; see fuseval.errors for the other exit codes."""
 from __future__ import annotations
 
-import json
 import sys
 
 from . import add_common_arguments
@@ -27,10 +26,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..check import check
-    from ..errors import exit_code_for
+    from ..errors import UsageError, exit_code_for
+    from ..jsonio import dumps
     from ..report import case_progress, print_check_report
-    from . import writable_file
+    from . import operator_definition, writable_file
 
+    operator_definition(args.op, args.config, args.cases)
+    if args.impl == "reference":
+        raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
+                         "check 'reference_fp32' for the float32 reference, or another implementation")
     writable_file(args.json, "--json")
     report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                    seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
@@ -42,6 +46,6 @@ def run(args) -> int:
               file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(report.to_dict(), f, indent=1, default=str)
+            f.write(dumps(report.to_dict(), indent=1) + "\n")
     violations = [v for c in report.cases for v in c.violations]
     return exit_code_for(violations)

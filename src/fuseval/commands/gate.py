@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import sys
 
-
-from . import add_variant_argument
+from . import add_problem_argument, add_variant_argument, parse_config
 
 
 def add_arguments(p) -> None:
     add_variant_argument(p)
-    from ..definitions import list_operators
     from ..gate import COMPONENTS, PROFILES
-    p.add_argument("--op", required=True,
-                   help=f"operator name, a comma list, or 'all' ({', '.join(list_operators())})")
+    from ..operators import names
+    add_problem_argument(p)
+    p.add_argument("--op", default=None,
+                   help=f"operator name, a comma list, or 'all' ({', '.join(names())}); under 'all' an "
+                        "operator without the implementation named by --impl is reported as not run")
     p.add_argument("--impl", default="fast",
                    help="implementation: a name of the operator's table (fast, torch...) or "
                         "'module:function' (default: %(default)s)")
@@ -29,7 +30,8 @@ def add_arguments(p) -> None:
                         "properties; gpu: the benchmark sizes on CUDA (default: %(default)s)")
     p.add_argument("--out", default="gate-report",
                    help="folder for junit.xml, gate.json, gate.md and the reports (default: %(default)s)")
-    p.add_argument("--config", default=None, help="override the profile's configuration (small, seed...)")
+    p.add_argument("--config", default=None, type=parse_config,
+                   help="override the profile's configuration (small, seed...)")
     from . import add_isolation_arguments, parse_cases, parse_device, parse_seeds
     p.add_argument("--device", default=None, type=parse_device, help="override the profile's device (cpu, cuda)")
     p.add_argument("--cases", default=None, type=parse_cases, help="case subset of the check, e.g. '0,3,5-7'")
@@ -49,16 +51,6 @@ def add_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def _check_budget_file(path: str) -> None:
-    """Fail fast, with EXIT_BAD_FILE, on a budget file the budget package cannot load."""
-    from ..budget import load_budget
-    from ..errors import EXIT_BAD_FILE, FusevalError
-    try:
-        load_budget(path)
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
-        raise FusevalError(f"cannot use the budget file: {exc}", EXIT_BAD_FILE) from exc
-
-
 def run(args) -> int:
     from ..errors import FusevalError
     from ..gate import COMPONENTS, run_gate, stderr_progress
@@ -70,13 +62,10 @@ def run(args) -> int:
     if all(c in skip for c in COMPONENTS):
         raise FusevalError(f"--skip {args.skip!r} skips every component: the gate would run nothing")
     writable_folder(args.out, "--out")
-    if args.budget:
-        _check_budget_file(args.budget)
-    budget_cases = None if args.budget_cases == "all" else args.budget_cases
     report = run_gate(args.op, args.impl, profile=args.profile, device=args.device, config=args.config,
                       cases=args.cases, seeds=args.seeds, mode=args.mode,
                       components=[c for c in COMPONENTS if c not in skip], warn_margin=args.warn_margin,
-                      strict=args.strict, budget_cases=budget_cases, budget=args.budget, out=args.out,
+                      strict=args.strict, budget_cases=args.budget_cases, budget=args.budget, out=args.out,
                       progress=None if args.quiet else stderr_progress(sys.stderr),
                       isolate=False if args.in_process else None, timeout=args.timeout)
     report.print_summary()

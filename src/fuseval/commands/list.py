@@ -8,11 +8,12 @@ skeleton implementation to start from."""
 from __future__ import annotations
 
 
-from . import add_variant_argument, parse_config
+from . import add_problem_argument, add_variant_argument, parse_config
 
 
 def add_arguments(p) -> None:
     p.add_argument("--op", default=None, help="show one operator in detail")
+    add_problem_argument(p)
     p.add_argument("--config", default="seed", type=parse_config,
                    help="configuration whose axes, shapes and cases to show (default: %(default)s)")
     p.add_argument("--skeleton", action="store_true",
@@ -76,17 +77,19 @@ def skeleton(d) -> str:
 
 
 def run(args) -> int:
-    from ..definitions import list_operators, load
+    from ..definitions import load
+    from ..operators import names
+    from . import operator_definition
     if args.op is None:
         if args.skeleton:
             from ..errors import FusevalError
             raise FusevalError("--skeleton needs --op NAME (the operator to write a skeleton for)")
-        for name in list_operators():
+        for name in names():
             d = load(name)
             print(f"{name:28s} {d.op_type:26s} configs: {', '.join(d.configs)}; "
                   f"variants: {', '.join(d.variant_names)}")
         return 0
-    d = load(args.op, args.config)
+    d = operator_definition(args.op, args.config)
     if args.skeleton:
         print(skeleton(d), end="")
         return 0

@@ -133,6 +133,8 @@ class Definition:
     # benchmark's semantics are the default and have no entry
     variants: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     variant: str = DEFAULT_VARIANT
+    # the named configuration whose case scaling the cases follow ("seed": full-size)
+    case_config: str = "seed"
 
     # ---- axes
     @property
@@ -204,7 +206,7 @@ class Definition:
         ``selection``: None/"all", a list of indices, or a string "0,3,5-7".
         Each case carries its tolerance: the seed case's own (SOL-ExecBench gives one per
         workload), which a scaled-down configuration keeps unchanged."""
-        scale = self.configs.get(self.config, {}).get("case_scale")
+        scale = self.configs.get(self.case_config, {}).get("case_scale")
         out = []
         for i, values in enumerate(self.seed_cases):
             axes = dict(zip(self.case_axes, values))
@@ -245,28 +247,76 @@ class Definition:
     def with_config(self, config: str | Mapping[str, int]) -> "Definition":
         """The same operator with its const axes overridden.
 
-        ``config`` names an entry of the definition's ``configs`` ("seed", "small", ...)
-        or is a mapping of const-axis overrides (then cases are not scaled)."""
-        if isinstance(config, str):
-            if config not in self.configs:
-                raise ValueError(f"{self.name}: unknown config {config!r}; "
-                                 f"expected one of {sorted(self.configs)}")
-            overrides = {k: v for k, v in self.configs[config].items() if k != "case_scale"}
-            name = config
-        else:
-            overrides, name = dict(config), "custom"
+        ``config`` is one of:
+
+        * a name of the definition's ``configs`` ("seed", "small", "tiny"): its const axes,
+          and its ``case_scale`` for the cases;
+        * a named configuration with a JSON object of const-axis overrides on top, written
+          ``NAME+{...}``, e.g. ``'small+{"hidden_size": 96}'``: the cases are scaled as NAME's;
+        * a JSON object alone (a mapping, or its text ``'{"hidden_size": 96}'``): these
+          overrides on top of this definition's axes (the seed's, when loaded plainly), the
+          cases kept as they are (full-size on the seed).
+
+        The result's ``config`` names the configuration as given (a mapping: its JSON text;
+        overrides on a definition already configured: ``"<its config>+<JSON>"``)."""
+        base, overrides, name = self._parse_config(config)
+        if base is not None:
+            named = {k: v for k, v in self.configs[base].items() if k != "case_scale"}
+            overrides = {**named, **overrides}
         axes = dict(self.axes)
         for k, v in overrides.items():
             if k not in axes or axes[k].kind != "const":
                 consts = sorted(a for a in axes if axes[a].kind == "const")
-                raise ValueError(f"{self.name}: config override {k!r} is not a const axis "
+                raise ValueError(f"{self.name}: config {name!r}: override {k!r} is not a const axis "
                                  f"(const axes: {consts})")
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"{self.name}: const axis {k!r} must be a positive int, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"{self.name}: config {name!r}: const axis {k!r} must be a positive int, "
+                                 f"got {v!r}")
             axes[k] = replace(axes[k], value=v)
-        d = replace(self, axes=axes, config=name)
+        d = replace(self, axes=axes, config=name, case_config=self.case_config if base is None else base)
         d.check_constraints(d.const_axes, skip_unbound=True)
         return d
+
+    def _parse_config(self, config: str | Mapping[str, int]) -> tuple[str | None, dict[str, Any], str]:
+        """(named base or None, const-axis overrides, the configuration's name) of a config
+        argument of :meth:`with_config`; a ValueError names what is wrong with it."""
+        if isinstance(config, Mapping):
+            overrides = dict(config)
+            text = json.dumps(overrides, default=repr)
+            return None, overrides, text if self.config == "seed" else f"{self.config}+{text}"
+        if not isinstance(config, str):
+            raise ValueError(f"{self.name}: config: expected a configuration name, 'NAME+{{JSON}}' or a "
+                             f"mapping of const-axis overrides, got {type(config).__name__} {config!r}")
+        text = config.strip()
+        base, plus, tail = text.partition("+")
+        if text.startswith("{"):
+            base, tail = None, text
+        elif not plus:
+            if text not in self.configs:
+                raise ValueError(f"{self.name}: unknown config {text!r}; expected one of {sorted(self.configs)}, "
+                                 "'NAME+{JSON}' or a JSON object of const-axis overrides")
+            return text, {}, text
+        elif base.strip() not in self.configs:
+            raise ValueError(f"{self.name}: config {text!r}: unknown base configuration {base.strip()!r} "
+                             f"before '+'; expected one of {sorted(self.configs)}")
+        else:
+            base = base.strip()
+        try:
+            overrides = json.loads(tail)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.name}: config {text!r}: {tail.strip()!r} is not valid JSON ({exc}); "
+                             "expected an object of const-axis overrides such as {\"hidden_size\": 96}") from None
+        if not isinstance(overrides, dict):
+            raise ValueError(f"{self.name}: config {text!r}: expected a JSON object of const-axis overrides, "
+                             f"got a JSON {type(overrides).__name__}")
+        if base is None and self.config != "seed":
+            text = f"{self.config}+{text}"
+        return base, overrides, text
+
+    @property
+    def full_size_cases(self) -> bool:
+        """Whether the cases are the benchmark's own sizes (no case scaling applies)."""
+        return not self.configs.get(self.case_config, {}).get("case_scale")
 
     # ---- export to SOL-ExecBench layout
     def to_solexec_definition(self) -> dict[str, Any]:

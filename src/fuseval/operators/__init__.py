@@ -15,10 +15,16 @@ or a definition to code of the operator is a string ``".module:attr"`` (relative
 package) or ``"package.module:attr"``, resolved on first use, so listing operators
 imports neither Triton nor the oracles. The harness (check, gate, stats, baseline, bench,
 budget, properties, CLI) reads operators only through this module.
+
+Operators come from three places: the subpackages of this package, the entry points of
+the ``fuseval.operators`` group (other distributions), and SOL-ExecBench problem folders
+(:func:`register_problem`, or the folders listed in ``FUSEVAL_PROBLEM_PATH``; the variable
+is how a spawned worker process sees the same problems as its parent).
 """
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 from dataclasses import dataclass
 from importlib import metadata, resources
@@ -26,9 +32,11 @@ from typing import Any, Callable, Mapping
 
 from ..errors import UnknownOperatorError
 
-__all__ = ["OperatorSpec", "spec", "names", "resolve", "ENTRY_POINT_GROUP"]
+__all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
+           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV"]
 
 ENTRY_POINT_GROUP = "fuseval.operators"
+PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,9 @@ class OperatorSpec:
     properties: str | None = None
     mutants: str | None = None
     fast_options: str | None = None
+    # the definition as JSON text, for operators that are not packages with data files
+    # (an imported problem folder); None: read ``definition`` from the package
+    definition_json: str | None = None
 
     # ------------------------------------------------------------------ package data
     def read_text(self, filename: str) -> str:
@@ -68,7 +79,7 @@ class OperatorSpec:
         return str(resources.files(self.package).joinpath(filename))
 
     def definition_text(self) -> str:
-        return self.read_text(self.definition)
+        return self.definition_json if self.definition_json is not None else self.read_text(self.definition)
 
     def budget_path(self) -> str | None:
         return None if self.budget is None else self.data_path(self.budget)
@@ -135,7 +146,36 @@ def _discover() -> dict[str, OperatorSpec]:
     # operators of other distributions: entry points naming an OperatorSpec
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         _register(found, ep.load(), f"entry point {ep.name} = {ep.value}")
+    # SOL-ExecBench problem folders named by the environment
+    for directory in _problem_path():
+        _register(found, _problem_spec(directory), f"{PROBLEM_PATH_ENV} folder {directory}")
     return dict(sorted(found.items()))
+
+
+def _problem_path() -> list[str]:
+    return [d for d in os.environ.get(PROBLEM_PATH_ENV, "").split(os.pathsep) if d]
+
+
+def _problem_spec(directory: str) -> OperatorSpec:
+    from ..interop.sol_problem import operator_spec
+    return operator_spec(directory)
+
+
+def register(candidate: OperatorSpec) -> OperatorSpec:
+    """Add an operator to the registry of this process (a name already taken by another
+    operator is a ValueError)."""
+    _register(registry(), candidate, f"register({candidate.name!r})")
+    return candidate
+
+
+def register_problem(directory: str | os.PathLike) -> OperatorSpec:
+    """Register a SOL-ExecBench problem folder as an operator and list it in
+    ``FUSEVAL_PROBLEM_PATH``, so worker processes started later register it too."""
+    directory = os.path.abspath(os.fspath(directory))
+    found = register(_problem_spec(directory))
+    if directory not in _problem_path():
+        os.environ[PROBLEM_PATH_ENV] = os.pathsep.join([*_problem_path(), directory])
+    return found
 
 
 def registry() -> dict[str, OperatorSpec]:

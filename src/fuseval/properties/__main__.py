@@ -23,7 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("--recipe", default=None, help="JSON adversarial recipe")
     p.add_argument("--seed", type=int, required=True)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--precision", default=None, help="working precision for the tight bound")
+    p.add_argument("--precision", default=None, help="working precision for the tight bound "
+                   "(a name of fuseval.precision.PRECISIONS, e.g. float32, tf32, bf16)")
     args = p.parse_args(argv)
 
     from ..definitions import load
@@ -38,7 +39,7 @@ def main(argv=None) -> int:
     else:
         consts = base.with_config(config).const_axes
     binding = Binding.make(args.op, consts, json.loads(args.axes))
-    recipe = Recipe.from_json(args.recipe) if args.mode == "adversarial" else None
+    recipe = Recipe.from_json(args.recipe, args.op) if args.mode == "adversarial" else None
     example = Example(binding, args.mode, args.seed, recipe)
     if args.impl.startswith("mutant:"):
         from .mutants import get

@@ -12,13 +12,14 @@ implementation and the oracle on each, and checks
 ``tight_bound``
     on well-conditioned draws (benchmark and realistic modes) a normwise bound far tighter
     than the rule: ``rel_l2 = |out - ref|_2 / |ref|_2 <= factor * u`` per output, where u
-    is the unit roundoff of the implementation's working precision (op A: TF32 as Hopper
-    reads it, chopped, 2^-10, factor 2; op B: bf16, 2^-8, factor 4; see :data:`TIGHT_BOUNDS`
-    and docs/properties.md for the derivation). Passing ``precision=`` changes u;
+    is the unit roundoff (:func:`fuseval.precision.unit_roundoff`) of the implementation's
+    working precision; the operator's hooks give the precision and the factor
+    (:class:`~fuseval.properties.hooks.TightBound`; docs/properties.md derives them).
+    Passing ``precision=`` changes u. Operators whose hooks give no bound skip it;
 ``metamorphic``
-    implementation-level invariants on a few draws: batch items independent (both
-    operators), outputs at earlier tokens independent of later tokens (op A), NaN scale
-    codes poisoning exactly the outputs that use their weight row (op B).
+    implementation-level invariants on a few draws: batch items independent (every
+    operator with a batch axis), then the operator's own (its hooks' ``invariants``, e.g.
+    causality, NaN poisoning patterns).
 
 It returns a :class:`PropertyReport`; each :class:`Failure` carries the axis binding, the
 input mode (and recipe), the seed and a command that reproduces it.
@@ -38,28 +39,29 @@ from hypothesis.errors import Flaky
 from .. import ops as _ops
 from ..check import resolve_device, run_case
 from ..definitions import Case, load
+from ..precision import unit_roundoff
 from . import invariants as inv
+from .hooks import hooks_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
-from .strategies import (INPUT_MODES, OP_A, OP_B, Example, examples, explicit_examples)
+from .strategies import INPUT_MODES, Example, examples, explicit_examples
 
-__all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "TIGHT_BOUNDS",
-           "PRECISIONS", "tight_bound"]
+__all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tight_bound",
+           "has_tight_bound"]
 
-# unit roundoff of the working precisions an implementation may declare. TF32 is 2^-10, not
-# the 2^-11 of round-to-nearest: Hopper tensor cores read an fp32 operand as TF32 by
-# dropping its 13 low mantissa bits (chopping, relative error < 2^-10)
-PRECISIONS = {"fp64": 2.0 ** -53, "fp32": 2.0 ** -24, "tf32": 2.0 ** -10, "bf16": 2.0 ** -8,
-              "fp16": 2.0 ** -11}
-# (default working precision, factor) per operator: rel_l2 <= factor * u(precision)
-TIGHT_BOUNDS = {OP_A: ("tf32", 2.0), OP_B: ("bf16", 4.0)}
+
+def has_tight_bound(op: str) -> bool:
+    """Whether ``op``'s hooks give a ``tight_bound`` property."""
+    return hooks_of(op).tight_bound is not None
 
 
 def tight_bound(op: str, precision: str | None = None) -> float:
-    default, factor = TIGHT_BOUNDS[op]
-    precision = precision or default
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {sorted(PRECISIONS)}, got {precision!r}")
-    return factor * PRECISIONS[precision]
+    """``factor * unit_roundoff(precision)`` of ``op``'s hooks' :class:`TightBound`
+    (``precision`` replaces the hooks' working precision; a ValueError names an unknown
+    one, and an operator whose hooks give no bound)."""
+    bound = hooks_of(op).tight_bound
+    if bound is None:
+        raise ValueError(f"{op}: its property hooks give no tight bound (PropertyHooks.tight_bound is None)")
+    return bound.factor * unit_roundoff(precision or bound.precision)
 
 
 # --------------------------------------------------------------------------- results
@@ -149,7 +151,7 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
                 "matched_ratio": m.matched_ratio, "passed": m.passed} for m in result.outputs]
     if not result.passed:
         return "tolerance", list(result.messages), metrics
-    if tight and example.well_conditioned:
+    if tight and example.well_conditioned and has_tight_bound(example.op):
         bound = tight_bound(example.op, precision)
         over = [m for m in result.outputs if not m.rel_l2 <= bound]
         if over:
@@ -160,28 +162,20 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
 
 
 def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list[str]:
-    """Implementation-level invariants on one example (messages of the violated ones)."""
+    """Implementation-level invariants on one example (messages of the violated ones):
+    batch independence, then the operator's own (its hooks' ``invariants``)."""
     x = example.tensors(device)
     defn = example.definition()
+    hooks = hooks_of(example.op)
     problems = []
     checks: list[tuple[str, Callable[[], Any]]] = []
-    b = example.binding.axes["batch_size"]
-    s = example.binding.axes["seq_len"]
-    if b > 1:
+    if example.binding.axes.get(hooks.batch_axis, 1) > 1:
         checks.append(("batch items independent",
                        lambda: inv.batch_independence(example.op, x, impl=impl, tolerance=defn.tolerance)))
-    if example.op == OP_A and s > 1:
-        t = 1 + example.seed % (s - 1)
-        checks.append((f"tokens < {t} independent of tokens >= {t}",
-                       lambda: inv.future_token_independence(x, t, impl=impl, seed=example.seed)))
-    if example.op == OP_B:
-        d = defn.const_axes["head_dim"]
-        proj = ("q", "k", "v")[example.seed % 3]
-        rows = x[defn.input_index(f"{proj}_proj_scale")].shape
-        row, block = example.seed % rows[0], (example.seed // 3) % rows[1]
-        checks.append((f"NaN scale code in {proj}_proj_scale[{row}, {block}]",
-                       lambda: inv.nan_scale_output_pattern(x, proj, row, block, impl=impl,
-                                                            tolerance=defn.tolerance)))
+    for invariant in hooks.invariants:
+        check = invariant(example, x, impl, defn)
+        if check is not None:
+            checks.append(check)
     for name, fn in checks:
         try:
             fn()
@@ -215,9 +209,14 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
     the profile's device. ``seed`` (or env ``FUSEVAL_PROPERTY_SEED``) makes the draws
     random but reproducible; otherwise ``ci``/``gpu`` are derandomized. ``shrink=False``
     skips shrinking (faster; the failure is then not minimal). ``precision`` is the
-    implementation's working precision for the tight bound (fp32, tf32, bf16, fp16)."""
+    implementation's working precision for the tight bound (a name of
+    :data:`fuseval.precision.PRECISIONS`: float32 / fp32, tf32, bfloat16 / bf16, float16...).
+    The properties checked are in the report's ``properties``: ``tight_bound`` only for
+    operators whose hooks give one."""
     start = time.perf_counter()
     base = load(op)
+    if precision is not None:
+        tight_bound(op, precision)      # an unknown precision, or an operator without the bound, fails here
     fn = _ops.resolve_impl(base, impl)
     label = _impl_label(impl)
     dev = resolve_device(device if device is not None else PROFILE_DEVICE[profile])
@@ -238,7 +237,8 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
 
     failures: list[Failure] = []
     counter = {"n": 0}
-    properties = ["tolerance", "tight_bound"] + (["metamorphic"] if metamorphic else [])
+    properties = (["tolerance"] + (["tight_bound"] if has_tight_bound(op) else [])
+                  + (["metamorphic"] if metamorphic else []))
 
     def run_property(name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
                      starters: list[Example], settings_: settings) -> None:

@@ -33,7 +33,7 @@ the draws while staying reproducible.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from hypothesis import HealthCheck, Phase, settings
@@ -50,16 +50,19 @@ PROFILE_NAMES = ("ci", "dev", "thorough", "gpu")
 class Space:
     """Which const configurations and var-axis ranges a profile draws.
 
-    The lists are ordered simplest first: Hypothesis shrinks a ``sampled_from`` towards
-    its first element, so a counterexample ends up with the smallest configuration that
-    still fails. ``full=True`` keeps the definition's own (seed) const axes."""
+    The generic part of an axis space: the kv-head counts and GQA ratios (for operators
+    whose hooks name their head axes), the batch range and the range of every other var
+    axis. Per-operator values (head dims, hidden sizes...) are the operators' own
+    (``PropertyHooks.axis_values[space.name]``); an operator without them keeps the const
+    axes of its ``config`` (or of the seed configuration when it has no such config).
+    Lists are ordered simplest first: Hypothesis shrinks a ``sampled_from`` towards its
+    first element, so a counterexample ends up with the smallest configuration that still
+    fails. ``full=True`` keeps the definition's own (seed) const axes."""
     name: str
     full: bool = False
-    head_dims: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    config: str = "small"
     kv_heads: tuple[int, ...] = (1, 2)
     gqa_ratios: tuple[int, ...] = (1, 2, 4, 7)
-    hidden_sizes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    intermediate_sizes: tuple[int, ...] = (32, 48, 80, 96)
     batch: tuple[int, int] = (1, 3)
     seq_len: tuple[int, int] = (1, 12)
 
@@ -67,29 +70,8 @@ class Space:
         return replace(self, **changes)
 
 
-# hidden sizes: op A takes any size, the tiles of a fast path are powers of two, so the
-# lists mix multiples of 16/32/64 with sizes that are not (40, 72, 100); op B's hidden size
-# must be a multiple of the NVFP4 block (16), so its odd ones are 48, 80, 112 (not
-# multiples of 32 or 64). head_dim: op A needs a multiple of 16 (the mRoPE section),
-# op B an even number; both lists are powers of two, the sizes tl.arange can cover.
-_SMALL = Space(
-    name="small",
-    head_dims={"qwen2vl_decoder_layer": (16, 32, 64), "nvfp4_qkv_rope": (16, 8, 32, 64)},
-    hidden_sizes={"qwen2vl_decoder_layer": (32, 40, 48, 64, 72, 100),
-                  "nvfp4_qkv_rope": (32, 48, 64, 80, 112)},
-    intermediate_sizes=(32, 48, 80, 96),
-    batch=(1, 3),
-    seq_len=(1, 12),
-)
-_MEDIUM = _SMALL.with_(
-    name="medium",
-    head_dims={"qwen2vl_decoder_layer": (16, 32, 64, 128), "nvfp4_qkv_rope": (16, 8, 32, 64, 128)},
-    hidden_sizes={"qwen2vl_decoder_layer": (32, 40, 48, 64, 72, 100, 128, 200, 256),
-                  "nvfp4_qkv_rope": (32, 48, 64, 80, 112, 128, 208, 256)},
-    intermediate_sizes=(32, 48, 80, 96, 200, 344),
-    batch=(1, 4),
-    seq_len=(1, 70),
-)
+_SMALL = Space(name="small", batch=(1, 3), seq_len=(1, 12))
+_MEDIUM = _SMALL.with_(name="medium", batch=(1, 4), seq_len=(1, 70))
 _FULL = Space(name="full", full=True, batch=(1, 2), seq_len=(1, 160))
 
 SPACES = {"small": _SMALL, "medium": _MEDIUM, "full": _FULL}

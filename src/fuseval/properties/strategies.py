@@ -8,62 +8,55 @@ and, for adversarial inputs, a :class:`Recipe`. The tensors themselves are a pur
 function of those values (:meth:`Example.tensors`), so
 
 * a failing example prints as a few integers and names, never as a tensor dump;
-* shrinking works on those values: seq_len and batch towards 1, the configuration towards
-  the first (simplest) entry of each list, the seed towards 0 and every recipe field
-  towards its plain default, so a counterexample keeps only the features that matter
+* shrinking works on those values: the var axes towards 1, the configuration towards the
+  first (simplest) entry of each list, the seed towards 0 and every recipe field towards
+  its plain default, so a counterexample keeps only the features that matter
   (e.g. ``Recipe(magnitude='tiny')`` alone);
 * the same example is reproduced anywhere from one command line (see
   :meth:`Example.command`).
+
+What an operator contributes (head axes, per-space const values, which input is the
+activation, its RoPE tables, its own adversarial features...) comes from its
+:class:`~fuseval.properties.hooks.PropertyHooks`; an operator without hooks gets the
+generic space of its definition.
 
 Modes
 -----
 ``benchmark``  SOL-ExecBench's own distribution (``fuseval.inputs``).
 ``realistic``  cos/sin from real position ids, norm weights near 1, NVFP4 weights
                quantized with the standard recipe (``fuseval.inputs``).
-``adversarial`` the benchmark draw, then reshaped by a :class:`Recipe`: huge, tiny or
-               per-row mixed magnitudes, all-zero token rows (RMSNorm then returns
-               0 * rsqrt(eps)), a drawn ``rms_norm_eps`` (1e-2 or 0.5 instead of 1e-6, so
-               where eps sits in the formula changes the result), arbitrary cos/sin
-               (independent, not on the unit circle, with exact zeros and +-1), norm weights
-               away from 1 (N(1, 0.5), so a norm weight that is ignored or mixed up shows), every e2m1
-               code (including -0), e4m3 block scales that are subnormal, negative, zero,
-               +-448 or NaN (mixed, or every block subnormal so that their decoding is what
-               decides the result), and non-contiguous input views.
-
-Adversarial draws stay inside the range where the tolerance rule is meaningful for a
-correct implementation in the output precision: op B's value_states pass the input
-magnitude through x W^T, and a bf16 output of magnitude ~100 carries rounding errors
-beyond the rule's absolute 5e-3 / max-abs 1.0, so the global decode scale of the v
-weights is lowered by a power of two until the typical |v| is at most 1 (q and k are
-normalised and need no such care). Documented in docs/properties.md.
+``adversarial`` the benchmark draw, then reshaped by a :class:`Recipe`. Generic features:
+               huge, tiny or per-row mixed magnitudes of the activations and all-zero
+               activation rows (RMSNorm then returns 0 * rsqrt(eps)), a drawn eps (1e-2 or
+               0.5 instead of 1e-6, so where eps sits in the formula changes the result),
+               arbitrary rotary tables (independent cos and sin, not on the unit circle,
+               with exact zeros and +-1), norm weights away from 1 (N(1, 0.5), so a norm
+               weight that is ignored or mixed up shows) and non-contiguous input views;
+               then the operator's own features (its ``recipe_features``, applied by its
+               ``adversarial`` hook).
 """
 from __future__ import annotations
 
+import functools
 import json
-import math
 import shlex
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
 
 import torch
+from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..definitions import Definition, load
 from ..inputs import MODES, generate_inputs, input_generator
-from ..refimpl import nvfp4
+from .hooks import PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 
-__all__ = ["OP_A", "OP_B", "OPS", "Binding", "Recipe", "Example", "axis_bindings", "recipes",
-           "inputs", "examples", "make_inputs", "adversarial_inputs", "explicit_examples",
-           "INPUT_MODES", "named_config"]
+__all__ = ["Binding", "Recipe", "Example", "axis_bindings", "recipes", "inputs", "examples",
+           "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
+           "INPUT_MODES", "GENERIC_FEATURES", "named_config", "recipe_features"]
 
-OP_A = "qwen2vl_decoder_layer"
-OP_B = "nvfp4_qkv_rope"
-OPS = (OP_A, OP_B)
 INPUT_MODES = ("benchmark", "realistic", "adversarial")
-
-# the const axes a binding draws, per operator (the rest are expressions)
-_HEADS = {OP_A: ("num_heads", "num_kv_heads"), OP_B: ("num_attention_heads", "num_key_value_heads")}
 
 
 def _space(space: Space | str) -> Space:
@@ -117,64 +110,101 @@ def named_config(op: str, consts: Mapping[str, int]) -> str | None:
     return None
 
 
+def _start_consts(base: Definition, sp: Space) -> dict[str, int]:
+    """The const axes a space starts from: the seed configuration for the full space, else
+    the space's configuration where the definition has it."""
+    if not sp.full and sp.config in base.configs:
+        return base.with_config(sp.config).const_axes
+    return dict(base.const_axes)
+
+
+def _var(defn: Definition, hooks: PropertyHooks, values: Mapping[str, int],
+         offsets: Mapping[str, int] | None = None) -> dict[str, int]:
+    """The var axes in definition order: ``values`` for the drawn ones, base + offset for
+    the axes of ``hooks.var_offsets`` (offset 0 where ``offsets`` has none)."""
+    out = {}
+    for axis in defn.var_axes:
+        if axis in hooks.var_offsets:
+            base_axis, _ = hooks.var_offsets[axis]
+            out[axis] = values[base_axis] + (offsets or {}).get(axis, 0)
+        else:
+            out[axis] = values[axis]
+    return out
+
+
+def _valid(binding: Binding) -> bool:
+    try:
+        binding.definition().resolve_axes(binding.axes)
+    except ValueError:
+        return False
+    return True
+
+
 @st.composite
 def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
     """Strategy: an axis binding of ``op``.
 
-    Small spaces draw the const configuration too: head_dim from a few values, GQA ratios
-    1, 2, 4, 7 over 1 or 2 kv heads, hidden sizes that are and are not multiples of the
-    tile sizes; the ``full`` space keeps the seed configuration. seq_len starts at 1."""
+    Scaled-down spaces draw the const configuration too (from the operator's hooks): kv
+    heads x GQA ratio over its head axes, then each axis of ``axis_values[space]``; the
+    ``full`` space keeps the seed configuration. The batch axis takes the space's batch
+    range, every other var axis its sequence range (from 1), the offset axes a base axis
+    plus a drawn offset. Bindings that break the definition's constraints are rejected."""
     sp = _space(space)
+    hooks = hooks_of(op)
     base = load(op)
-    consts = dict(base.const_axes)
+    consts = _start_consts(base, sp)
     if not sp.full:
-        hq_name, hkv_name = _HEADS[op]
-        kv = draw(st.sampled_from(sp.kv_heads))
-        ratio = draw(st.sampled_from(sp.gqa_ratios))
-        consts[hkv_name] = kv
-        consts[hq_name] = kv * ratio
-        consts["head_dim"] = draw(st.sampled_from(sp.head_dims[op]))
-        consts["hidden_size"] = draw(st.sampled_from(sp.hidden_sizes[op]))
-        if op == OP_A:
-            consts["intermediate_size"] = draw(st.sampled_from(sp.intermediate_sizes))
-    batch = draw(st.integers(*sp.batch))
-    seq = draw(st.integers(*sp.seq_len))
-    # op A: rope tables longer than the tokens too (kv_seq_len > seq_len; first rows used)
-    extra = draw(st.sampled_from([0, 0, 1, 3])) if op == OP_A else 0
-    return Binding.make(op, consts, _var(op, {"batch_size": batch, "seq_len": seq}, extra))
+        if hooks.gqa_axes is not None:
+            hq_name, hkv_name = hooks.gqa_axes
+            kv = draw(st.sampled_from(sp.kv_heads))
+            ratio = draw(st.sampled_from(sp.gqa_ratios))
+            consts[hkv_name] = kv
+            consts[hq_name] = kv * ratio
+        for axis, values in hooks.axis_values.get(sp.name, {}).items():
+            consts[axis] = draw(st.sampled_from(values))
+    drawn = {}
+    for axis in base.var_axes:
+        if axis not in hooks.var_offsets:
+            drawn[axis] = draw(st.integers(*(sp.batch if axis == hooks.batch_axis else sp.seq_len)))
+    offsets = {axis: draw(st.sampled_from(values)) for axis, (_, values) in hooks.var_offsets.items()}
+    binding = Binding.make(op, consts, _var(base, hooks, drawn, offsets))
+    assume(_valid(binding))
+    return binding
 
 
 # --------------------------------------------------------------------------- recipes
 @dataclass(frozen=True)
 class Recipe:
     """How an adversarial draw departs from the benchmark draw. Every field's default is
-    "no change", so shrinking a recipe strips the features a failure does not need."""
-    magnitude: str = "unit"      # unit | tiny | huge | mixed (per token row)
-    zero_rows: int = 0           # number of all-zero hidden_states rows
-    eps: float | None = None     # rms_norm_eps; None keeps the definition's value
-    rope: str = "benchmark"      # benchmark | arbitrary (independent cos, sin in [-1, 1], 0, +-1)
+    "no change", so shrinking a recipe strips the features a failure does not need.
+    ``features`` holds the operator's own features (its hooks' ``recipe_features``) that
+    differ from their defaults, in the hooks' order; build recipes with
+    :func:`make_recipe` to get them checked and ordered."""
+    magnitude: str = "unit"      # unit | tiny | huge | mixed (per activation row)
+    zero_rows: int = 0           # number of all-zero activation rows
+    eps: float | None = None     # the eps input; None keeps the definition's value
+    rotary: str = "benchmark"    # benchmark | arbitrary (independent cos, sin in [-1, 1], 0, +-1)
     noncontiguous: bool = False  # pass strided / column-major views instead of contiguous tensors
     norm_weights: str = "benchmark"  # benchmark (ones) | random (N(1, 0.5): some near 0 or negative)
-    codes: str = "benchmark"     # op B: benchmark | every (uniform over all 16 e2m1 codes)
-    scales: str = "benchmark"    # op B: benchmark | special (subnormal, zero, -0, +-448, negatives)
-                                 #       | subnormal (every block scale subnormal, either sign)
-    nan_scales: int = 0          # op B: number of NaN e4m3 scale codes
+    features: tuple[tuple[str, Any], ...] = ()
+
+    def get(self, name: str, default: Any = None) -> Any:
+        """The value of an operator feature (``default`` when the recipe leaves it alone)."""
+        return dict(self.features).get(name, default)
 
     def to_json(self) -> str:
         changed = {f.name: getattr(self, f.name) for f in fields(self)
-                   if getattr(self, f.name) != f.default}
+                   if f.name != "features" and getattr(self, f.name) != f.default}
+        changed.update(self.features)
         return json.dumps(changed, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | Mapping[str, Any] | None) -> "Recipe":
+    def from_json(cls, text: str | Mapping[str, Any] | None, op: str | None = None) -> "Recipe":
+        """The recipe of :meth:`to_json`; ``op`` admits that operator's own features."""
         if not text:
             return cls()
         data = json.loads(text) if isinstance(text, str) else dict(text)
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"recipe: unknown fields {sorted(unknown)}; known: {sorted(known)}")
-        return cls(**data)
+        return make_recipe(op, **data)
 
     def __repr__(self) -> str:
         return f"Recipe({self.to_json()})"
@@ -184,22 +214,70 @@ class Recipe:
         printer.text(repr(self))
 
 
+_GENERIC_FIELDS = tuple(f.name for f in fields(Recipe) if f.name != "features")
+
+# the generic features' strategies, plain value first (they shrink to "no change")
+GENERIC_FEATURES: dict[str, st.SearchStrategy] = {
+    "magnitude": st.sampled_from(["unit", "tiny", "huge", "mixed"]),
+    "zero_rows": st.integers(0, 2),
+    "eps": st.sampled_from([None, 1e-2, 0.5]),
+    "rotary": st.sampled_from(["benchmark", "arbitrary"]),
+    "noncontiguous": st.booleans(),
+    "norm_weights": st.sampled_from(["benchmark", "random"]),
+}
+
+
+def _activation(defn: Definition, hooks: PropertyHooks) -> str | None:
+    """The input the magnitude and zero-row features act on."""
+    if hooks.activation_input is not None:
+        return hooks.activation_input
+    for spec in defn.inputs:
+        if not spec.is_scalar and spec.dtype in ("float32", "bfloat16", "float16", "float64") \
+                and spec.shape and spec.shape[0] == hooks.batch_axis:
+            return spec.name
+    return None
+
+
+def _norm_weights(defn: Definition, hooks: PropertyHooks) -> list[str]:
+    if hooks.norm_weight_inputs is not None:
+        return list(hooks.norm_weight_inputs)
+    return [spec.name for spec in defn.inputs if spec.name.endswith("norm_weight")]
+
+
+def recipe_features(op: str) -> list[str]:
+    """The recipe fields that apply to ``op``: the generic ones its inputs allow, then its own."""
+    defn, hooks = load(op), hooks_of(op)
+    applies = {"magnitude": _activation(defn, hooks) is not None,
+               "zero_rows": _activation(defn, hooks) is not None,
+               "eps": hooks.eps_input is not None,
+               "rotary": bool(hooks.rotary_inputs),
+               "noncontiguous": True,
+               "norm_weights": bool(_norm_weights(defn, hooks))}
+    return [name for name in _GENERIC_FIELDS if applies[name]] + list(hooks.recipe_features)
+
+
+def make_recipe(op: str | None, **values: Any) -> Recipe:
+    """A :class:`Recipe` from field values: the generic fields, plus (with ``op``) that
+    operator's own features, kept in its hooks' order and only where they differ from their
+    defaults. An unknown field is a ValueError that names the known ones."""
+    own = hooks_of(op).recipe_features if op is not None else {}
+    unknown = set(values) - set(_GENERIC_FIELDS) - set(own)
+    if unknown:
+        known = sorted([*_GENERIC_FIELDS, *own])
+        where = f" of {op}" if op is not None else " (name the operator to use its own features)"
+        raise ValueError(f"recipe: unknown fields {sorted(unknown)}{where}; known: {known}")
+    features = tuple((name, values[name]) for name, feature in own.items()
+                     if name in values and values[name] != feature.default)
+    return Recipe(**{k: v for k, v in values.items() if k in _GENERIC_FIELDS}, features=features)
+
+
 def recipes(op: str) -> st.SearchStrategy[Recipe]:
     """Strategy: an adversarial :class:`Recipe` for ``op`` (plain fields first, so they
-    shrink to "no change")."""
-    common = dict(
-        magnitude=st.sampled_from(["unit", "tiny", "huge", "mixed"]),
-        zero_rows=st.integers(0, 2),
-        eps=st.sampled_from([None, 1e-2, 0.5]),
-        rope=st.sampled_from(["benchmark", "arbitrary"]),
-        noncontiguous=st.booleans(),
-        norm_weights=st.sampled_from(["benchmark", "random"]),
-    )
-    if op == OP_B:
-        common.update(codes=st.sampled_from(["benchmark", "every"]),
-                      scales=st.sampled_from(["benchmark", "special", "subnormal"]),
-                      nan_scales=st.integers(0, 2))
-    return st.builds(Recipe, **common)
+    shrink to "no change"); only the features that apply to ``op`` are drawn."""
+    own = hooks_of(op).recipe_features
+    strategies = {name: GENERIC_FEATURES[name] if name in GENERIC_FEATURES else own[name].values
+                  for name in recipe_features(op)}
+    return st.builds(functools.partial(make_recipe, op), **strategies)
 
 
 # --------------------------------------------------------------------------- examples
@@ -289,48 +367,43 @@ def examples(draw, op: str, space: Space | str = "small", modes: Sequence[str] =
     return Example(b, mode, seed, recipe)
 
 
-def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
-    """Examples every property run starts with, whatever the seed: one per input mode and
-    one per family of adversarial features, on bindings with GQA ratio 2 over 2 kv heads
-    (where i // group and i % kv_heads differ) and ratio 7, and a hidden size that is not
-    a multiple of 16 (op A). They make the suite's verdict on a broken implementation
-    independent of the random draws."""
-    sp = _space(space)
+def _explicit_bindings(op: str, base: Definition, hooks: PropertyHooks, sp: Space) -> list[Binding]:
     if sp.full:
-        base = load(op)
-        var = [{"batch_size": 2, "seq_len": 131}, {"batch_size": 1, "seq_len": 64}]
-        bindings = [Binding.make(op, base.const_axes, _var(op, v)) for v in var]
-    elif op == OP_A:
-        c1 = dict(hidden_size=40, num_heads=4, num_kv_heads=2, head_dim=16, intermediate_size=48,
-                  num_rope_dims=3)
-        c2 = dict(hidden_size=72, num_heads=7, num_kv_heads=1, head_dim=32, intermediate_size=80,
-                  num_rope_dims=3)
-        bindings = [Binding.make(op, c1, _var(op, {"batch_size": 2, "seq_len": 6}, extra=3)),
-                    Binding.make(op, c2, _var(op, {"batch_size": 1, "seq_len": 9}))]
+        var = [(2, 131), (1, 64)]
+        consts = base.const_axes
+    elif hooks.explicit_bindings:
+        start = _start_consts(base, sp)
+        return [Binding.make(op, {**start, **c}, v) for c, v in hooks.explicit_bindings]
     else:
-        c1 = dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-        c2 = dict(hidden_size=80, num_attention_heads=14, num_key_value_heads=2, head_dim=8)
-        bindings = [Binding.make(op, c1, _var(op, {"batch_size": 2, "seq_len": 5})),
-                    Binding.make(op, c2, _var(op, {"batch_size": 1, "seq_len": 3}))]
-    b1, b2 = bindings
-    out = [Example(b1, "benchmark", 1), Example(b1, "realistic", 2), Example(b2, "benchmark", 3),
-           Example(b1, "adversarial", 4, Recipe(magnitude="tiny", zero_rows=1)),
-           Example(b1, "adversarial", 5, Recipe(magnitude="mixed", eps=0.5, rope="arbitrary",
-                                                noncontiguous=True, norm_weights="random"))]
-    if op == OP_B:
-        out.append(Example(b2, "adversarial", 6, Recipe(codes="every", scales="special",
-                                                        nan_scales=1, zero_rows=1)))
-        out.append(Example(b1, "adversarial", 7, Recipe(scales="subnormal", magnitude="huge")))
+        var = [(2, 5), (1, 3)]
+        consts = _start_consts(base, sp)
+    out = []
+    for batch, seq in var:
+        values = {axis: batch if axis == hooks.batch_axis else seq for axis in base.var_axes}
+        out.append(Binding.make(op, consts, _var(base, hooks, values)))
     return out
 
 
-def _var(op: str, v: Mapping[str, int], extra: int = 0) -> dict[str, int]:
-    """The var axes of a binding: op A's kv_seq_len is seq_len + ``extra`` (the rope tables
-    may be longer than the tokens: the definition's constraint kv_seq_len >= seq_len)."""
-    v = dict(v)
-    if op == OP_A:
-        v["kv_seq_len"] = v["seq_len"] + extra
-    return v
+def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
+    """Examples every property run starts with, whatever the seed: one per input mode and
+    one per family of adversarial features (those that apply to ``op``) on the operator's
+    two explicit bindings (its hooks' ``explicit_bindings``, chosen where the corners are:
+    GQA ratio 2 over 2 kv heads, where i // group and i % kv_heads differ, ratio 7, a
+    hidden size off the tile sizes), then its hooks' ``extra_examples``. They make the
+    suite's verdict on a broken implementation independent of the random draws."""
+    sp = _space(space)
+    hooks = hooks_of(op)
+    b1, b2 = _explicit_bindings(op, load(op), hooks, sp)
+    applies = set(recipe_features(op))
+    recipe = lambda **kw: make_recipe(op, **{k: v for k, v in kw.items() if k in applies})
+    out = [Example(b1, "benchmark", 1), Example(b1, "realistic", 2), Example(b2, "benchmark", 3),
+           Example(b1, "adversarial", 4, recipe(magnitude="tiny", zero_rows=1)),
+           Example(b1, "adversarial", 5, recipe(magnitude="mixed", eps=0.5, rotary="arbitrary",
+                                                noncontiguous=True, norm_weights="random"))]
+    for extra in hooks.extra_examples:
+        r = make_recipe(op, **extra.recipe) if extra.mode == "adversarial" else None
+        out.append(Example((b1, b2)[extra.binding], extra.mode, extra.seed, r))
+    return out
 
 
 # --------------------------------------------------------------------------- tensors
@@ -345,31 +418,23 @@ def make_inputs(binding: Binding, mode: str, seed: int, recipe: Recipe | None = 
     return adversarial_inputs(defn, binding.axes, seed=seed, recipe=recipe or Recipe(), device=device)
 
 
-def _gen(seed: int, what: str) -> torch.Generator:
-    return input_generator(seed, "adversarial/" + what)
+def feature_generator(seed: int, feature: str) -> torch.Generator:
+    """The random stream of one adversarial feature of one example: switching a feature on
+    or off (as shrinking does) leaves the values of the others unchanged."""
+    return input_generator(seed, "adversarial/" + feature)
 
 
-# magnitudes as powers of two (exact in every float format, so scaling moves no bits).
-# op A: "tiny" puts mean(x^2) ~ 6e-8 well below eps = 1e-6, so the norm is eps-dominated;
-# "huge" 4096 is harmless to fp32. op B: "tiny" is relative to what the benchmark's NVFP4
-# weights (randn * 0.02) make of x: 2^-10 gives q ~ 1e-4 at the small configs, so
-# mean(q^2) << eps and v sits far under atol; "huge" 256 is what bf16 v outputs can carry
-# once the v global scale is adapted (see module docstring).
-_MAGNITUDES = {
-    "qwen2vl_decoder_layer": {"tiny": -12, "huge": 12, "mixed": (-20, -10, 0, 6, 12)},
-    "nvfp4_qkv_rope": {"tiny": -10, "huge": 8, "mixed": (-12, -6, 0, 4, 8)},
-}
-
-
-def _row_factors(op: str, magnitude: str, b: int, s: int, g: torch.Generator) -> torch.Tensor:
-    table = _MAGNITUDES[op]
+def _row_factors(magnitudes, magnitude: str, rows: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    """Per-row scale factors [*rows, 1]: powers of two, exact in every float format."""
     if magnitude == "unit":
-        return torch.ones(b, s, 1)
-    if magnitude in ("tiny", "huge"):
-        return torch.full((b, s, 1), 2.0 ** table[magnitude])
+        return torch.ones(*rows, 1)
+    if magnitude == "tiny":
+        return torch.full((*rows, 1), 2.0 ** magnitudes.tiny)
+    if magnitude == "huge":
+        return torch.full((*rows, 1), 2.0 ** magnitudes.huge)
     if magnitude == "mixed":
-        exps = torch.tensor(table["mixed"], dtype=torch.float64)
-        pick = torch.randint(0, len(exps), (b, s), generator=g)
+        exps = torch.tensor(magnitudes.mixed, dtype=torch.float64)
+        pick = torch.randint(0, len(exps), rows, generator=g)
         return torch.pow(2.0, exps[pick]).unsqueeze(-1).float()
     raise ValueError(f"recipe magnitude must be unit, tiny, huge or mixed, got {magnitude!r}")
 
@@ -377,10 +442,10 @@ def _row_factors(op: str, magnitude: str, b: int, s: int, g: torch.Generator) ->
 def _zero_rows(x: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
     if n <= 0:
         return x
-    b, s, _ = x.shape
-    rows = torch.randperm(b * s, generator=g)[:n]
+    n_rows = x.numel() // max(x.shape[-1], 1)
+    rows = torch.randperm(n_rows, generator=g)[:n]
     x = x.clone()
-    x.view(b * s, -1)[rows] = 0
+    x.view(n_rows, -1)[rows] = 0
     return x
 
 
@@ -410,48 +475,50 @@ def _noncontiguous(t: Any) -> Any:
     return view
 
 
-# e4m3fn codes of the special block scales: +-subnormal (2^-9 .. 7 * 2^-9), +-0, +-448,
-# negative normals; 0x7F / 0xFF are the NaN codes
-_SPECIAL_SCALE_CODES = (0x01, 0x03, 0x07, 0x81, 0x85, 0x00, 0x80, 0x7E, 0xFE, 0xB8, 0xC4)
-_NAN_CODES = (0x7F, 0xFF)
+def _check_recipe(defn: Definition, recipe: Recipe) -> None:
+    """A recipe asks only for features ``defn``'s operator has."""
+    applies = set(recipe_features(defn.name))
+    asked = [f.name for f in fields(Recipe) if f.name != "features" and getattr(recipe, f.name) != f.default]
+    asked += [name for name, _ in recipe.features]
+    bad = [name for name in asked if name not in applies]
+    if bad:
+        raise ValueError(f"recipe fields {bad} do not apply to {defn.name} (its features: {sorted(applies)}), "
+                         f"got {recipe!r}")
 
 
 def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int,
                        recipe: Recipe, device: str | torch.device = "cpu") -> list[Any]:
     """Benchmark inputs reshaped by ``recipe`` (see the module docstring)."""
-    axes = defn.resolve_axes(var_axes)
+    hooks = hooks_of(defn.name)
+    _check_recipe(defn, recipe)
     values = dict(zip(defn.input_names, generate_inputs(defn, var_axes, seed=seed, mode="benchmark")))
-    op = defn.name
     # one generator per feature: switching one feature on or off (as shrinking does) leaves
     # the values of the others unchanged
-    b, s = axes["batch_size"], axes["seq_len"]
-
-    x = values["hidden_states"]
-    dtype = x.dtype
-    x = (x.float() * _row_factors(op, recipe.magnitude, b, s, _gen(seed, "magnitude"))).to(dtype)
-    values["hidden_states"] = _zero_rows(x, recipe.zero_rows, _gen(seed, "zero_rows"))
+    activation = _activation(defn, hooks)
+    if activation is not None:
+        x = values[activation]
+        dtype = x.dtype
+        factors = _row_factors(hooks.magnitudes, recipe.magnitude, tuple(x.shape[:-1]),
+                               feature_generator(seed, "magnitude"))
+        x = (x.float() * factors).to(dtype)
+        values[activation] = _zero_rows(x, recipe.zero_rows, feature_generator(seed, "zero_rows"))
     if recipe.eps is not None:
-        values["rms_norm_eps"] = float(recipe.eps)
-    if recipe.rope == "arbitrary":
-        names = ("rope_cos", "rope_sin") if op == OP_A else ("cos", "sin")
-        g = _gen(seed, "rope")
-        for n in names:
+        values[hooks.eps_input] = float(recipe.eps)
+    if recipe.rotary == "arbitrary":
+        g = feature_generator(seed, "rotary")
+        for n in hooks.rotary_inputs:
             values[n] = _arbitrary_table(values[n].shape, g).to(values[n].dtype)
-    elif recipe.rope != "benchmark":
-        raise ValueError(f"recipe rope must be benchmark or arbitrary, got {recipe.rope!r}")
+    elif recipe.rotary != "benchmark":
+        raise ValueError(f"recipe rotary must be benchmark or arbitrary, got {recipe.rotary!r}")
     if recipe.norm_weights == "random":
-        g = _gen(seed, "norm_weights")
-        for spec in defn.inputs:
-            if spec.name.endswith("norm_weight"):
-                w = values[spec.name]
-                values[spec.name] = (1 + 0.5 * torch.randn(w.shape, generator=g)).to(w.dtype)
+        g = feature_generator(seed, "norm_weights")
+        for name in _norm_weights(defn, hooks):
+            w = values[name]
+            values[name] = (1 + 0.5 * torch.randn(w.shape, generator=g)).to(w.dtype)
     elif recipe.norm_weights != "benchmark":
         raise ValueError(f"recipe norm_weights must be benchmark or random, got {recipe.norm_weights!r}")
-
-    if op == OP_B:
-        _adversarial_nvfp4(values, recipe, seed)
-    elif any((recipe.codes != "benchmark", recipe.scales != "benchmark", recipe.nan_scales)):
-        raise ValueError(f"recipe fields codes/scales/nan_scales apply to {OP_B} only, got {recipe!r}")
+    if hooks.adversarial is not None:
+        hooks.adversarial(values, recipe, seed, defn)
 
     out = []
     for spec in defn.inputs:
@@ -462,56 +529,3 @@ def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: i
                 v = _noncontiguous(v)
         out.append(v)
     return out
-
-
-def _adversarial_nvfp4(values: dict[str, Any], recipe: Recipe, seed: int) -> None:
-    """Weights of every e2m1 code, special and NaN block scales, and v's global scale
-    lowered (by powers of two) until typical |v| <= 1."""
-    projections = ("q", "k", "v")
-    for p in projections:
-        packed = values[f"{p}_proj_weight_fp4"]
-        g = _gen(seed, f"codes/{p}")
-        if recipe.codes == "every":
-            values[f"{p}_proj_weight_fp4"] = torch.randint(0, 256, packed.shape, generator=g,
-                                                           dtype=torch.int64).to(torch.uint8)
-        elif recipe.codes != "benchmark":
-            raise ValueError(f"recipe codes must be benchmark or every, got {recipe.codes!r}")
-        scale = values[f"{p}_proj_scale"].view(torch.uint8).clone()
-        g = _gen(seed, f"scales/{p}")
-        if recipe.scales == "special":
-            flat = scale.view(-1)
-            specials = torch.tensor(_SPECIAL_SCALE_CODES, dtype=torch.uint8)
-            # every special code at least once (when there is room), then half the rest
-            order = torch.randperm(flat.numel(), generator=g)
-            n_each = min(len(specials), flat.numel())
-            flat[order[:n_each]] = specials[:n_each]
-            rest = order[n_each:]
-            pick = rest[torch.rand(rest.numel(), generator=g) < 0.5]
-            flat[pick] = specials[torch.randint(0, len(specials), (pick.numel(),), generator=g)]
-        elif recipe.scales == "subnormal":
-            # mantissa 1..7 with exponent field 0, random sign: m/8 * 2^-6
-            mant = torch.randint(1, 8, scale.shape, generator=g, dtype=torch.int64)
-            sign = torch.randint(0, 2, scale.shape, generator=g, dtype=torch.int64) << 7
-            scale = (mant | sign).to(torch.uint8)
-        elif recipe.scales != "benchmark":
-            raise ValueError(f"recipe scales must be benchmark, special or subnormal, got {recipe.scales!r}")
-        values[f"{p}_proj_scale"] = scale
-    g = _gen(seed, "nan_scales")
-    for _ in range(recipe.nan_scales):
-        p = projections[int(torch.randint(0, 3, (), generator=g))]
-        scale = values[f"{p}_proj_scale"]
-        r = int(torch.randint(0, scale.shape[0], (), generator=g))
-        c = int(torch.randint(0, scale.shape[1], (), generator=g))
-        scale[r, c] = _NAN_CODES[int(torch.randint(0, 2, (), generator=g))]
-    for p in projections:
-        values[f"{p}_proj_scale"] = values[f"{p}_proj_scale"].view(torch.float8_e4m3fn)
-
-    # typical |v[n]| ~ sqrt(sum_k x_k^2 W_nk^2) (random signs); keep its max <= 1
-    x = values["hidden_states"].to(torch.float64).reshape(-1, values["hidden_states"].shape[-1])
-    w = nvfp4.dequantize_nvfp4(values["v_proj_weight_fp4"], values["v_proj_scale"],
-                               float(values["v_proj_global_decode_scale"])).nan_to_num(0.0)
-    typical = float(((x * x) @ (w * w).t()).max().sqrt()) if x.numel() else 0.0
-    if typical > 1.0:
-        shift = math.ceil(math.log2(typical))
-        values["v_proj_global_decode_scale"] = float(
-            torch.tensor(float(values["v_proj_global_decode_scale"]) * 2.0 ** -shift, dtype=torch.float32))

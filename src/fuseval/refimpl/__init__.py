@@ -1,4 +1,4 @@
-"""float64 (and float32) references of every stage of the fused operators: the oracles.
-
-``stages`` holds the shared stage functions, ``nvfp4`` the exact NVFP4 codec, and one
-module per operator composes them (with stage taps under the SPEC.md stage names)."""
+"""The shared pieces of the float64 oracles: ``stages`` holds the stage functions every
+operator composes (rms_norm, linear, rope, attention, swiglu...), ``nvfp4`` the exact NVFP4
+codec. Each operator's own oracle lives in its package (``fuseval/operators/<name>/``),
+with stage taps under the stage names of its definition."""

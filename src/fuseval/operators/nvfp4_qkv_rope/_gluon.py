@@ -1,9 +1,11 @@
-"""Op B's main kernel for Hopper, written in Gluon (Triton's explicit-layout dialect).
+"""Op B's GEMM kernels for Hopper, written in Gluon (Triton's explicit-layout dialect).
 
-Why a second kernel: in the Triton kernel (``nvfp4_qkv_rope._nvfp4_qkv_rope_kernel``) the
-compiler picks the layouts. The decoded weight tile comes out of the FP4 decode in one
-register layout, the tensor cores want another, and the compiler bridges them with a
-round trip through shared memory in every K step. Here the layouts are ours:
+Why Gluon: in the Triton kernel (``_kernels._nvfp4_qkv_rope_kernel``) the compiler picks
+the layouts. The decoded weight tile comes out of the FP4 decode in one register layout,
+the tensor cores want another, and the compiler bridges them with a round trip through
+shared memory in every K step. Here the layouts are ours.
+
+``nvfp4_qkv_rope_gluon_kernel`` decodes the FP4 weights in its K loop:
 
 * x tiles [BM, BK] arrive by TMA into a ring of ``STAGES`` shared-memory slots (mbarrier
   per slot), ``STAGES - 3`` steps ahead of the MMA.
@@ -17,16 +19,22 @@ round trip through shared memory in every K step. Here the layouts are ours:
 * ``W_AS_A`` computes the product transposed (acc^T = W x^T): the wgmma's N is then the
   BM tokens instead of one head's 128 columns, which lowers the shared-memory traffic per
   FLOP (the production setting on the H200).
-* One program = BM tokens x ``HPT`` whole heads; the epilogue applies the global scale,
-  the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
+
+``nvfp4_qkv_rope_gluon_dense_kernel`` reads weights decoded beforehand (once per call, by
+``_kernels._predecode_kernel``, bf16 code * scale, exact) by TMA like x: both operands
+stream through one slot ring, and the K loop holds only the barrier waits, the MMAs and
+the refills, which is what a bf16 GEMM at the tensor cores' rate needs.
+
+In both, one program = BM tokens x ``HPT`` whole heads; the epilogue applies the global
+scale, the q/k RMS norm and RoPE, and stores bf16 rows of [B, heads, S, D].
 
 Activations: the x operand is whatever the caller streams, the bf16 activations (the
 ``w4a16`` variant) or the quantized ones, xs = e2m1(code) * e4m3(scale) (W4A4, exact in
 bf16); in the latter case the gs pointer holds both global scales' product.
 
 Scope: head_dim 128, hidden_size a multiple of 64, sm_90, production calls. Everything
-else (the interpreter, mutants, stage taps) runs the Triton kernel; ``nvfp4_qkv_rope``
-decides. Where the time goes, and what was tried: benchmarks/notes_nvfp4_qkv_rope.md.
+else (the interpreter, mutants, stage taps) runs the Triton kernel; ``_launch.plan``
+decides. Where the time goes, and what was tried: docs/design/nvfp4_qkv_rope.md.
 """
 from __future__ import annotations
 
@@ -38,7 +46,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the same bit-level decode and head selection as the Triton kernel (triton.jit helpers)
-from .fast import _e4m3_f32, _head_weights, _nibble_f32
+from ._kernels import _e4m3_f32, _head_weights, _nibble_f32
 
 
 
@@ -93,10 +101,11 @@ def _weight_pointers(w_base, s_base, row0, K: gl.constexpr, BN: gl.constexpr, NB
 @gluon.jit
 def _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
               q_out, k_out, v_out, M, S, HQ: gl.constexpr, HKV: gl.constexpr, BM: gl.constexpr,
-              HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
+              HPT: gl.constexpr, GS_FROM_PTR: gl.constexpr, OFFSET: gl.constexpr, num_warps: gl.constexpr):
     """Global scale, q/k RMS norm and RoPE, bf16 store into [B, heads, S, D]. The tile is
     viewed as [BM, HPT heads, 2 halves, 64] with both halves of a head's row segment in
-    one thread, so the RMS norm (over 128) and rotate_half are register-local."""
+    one thread, so the RMS norm (over 128) and rotate_half are register-local. OFFSET: the
+    factor the weights were decoded with (2^8 for the in-loop decode, 1 for predecoded)."""
     D: gl.constexpr = 128
     HALF: gl.constexpr = 64
     if GS_FROM_PTR:
@@ -108,8 +117,7 @@ def _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr,
     else:
         gs = gs_v
     E4: gl.constexpr = gl.BlockedLayout([1, HPT, 2, 32], [16, 1, 1, 2], [num_warps, 1, 1, 1], [3, 2, 1, 0])
-    # 2^8: the decode's offset (see _decode_words)
-    t = gl.convert_layout(gl.reshape(acc, [BM, HPT, 2, HALF]), E4) * (gs * 256.0)
+    t = gl.convert_layout(gl.reshape(acc, [BM, HPT, 2, HALF]), E4) * (gs * OFFSET)
     # index vectors, each expanded to a broadcastable 4-D shape
     tok = off_m + gl.arange(0, BM, layout=gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, E4))))
     hd = gl.arange(0, HPT, layout=gl.SliceLayout(0, gl.SliceLayout(2, gl.SliceLayout(3, E4))))
@@ -172,12 +180,12 @@ def nvfp4_qkv_rope_gluon_kernel(
         q_out, k_out, v_out, M, S,
         K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
         BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
-        W_AS_A: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr, PROBE: gl.constexpr = 0):
-    """Every warp decodes its share of the weight tile, then every warpgroup issues its
-    MMA. W_AS_A: the product is computed transposed, acc^T [BN, BM] = W x^T, so that the
-    wgmma's N is the BM tokens (256) rather than one head (128): per FLOP the tensor
-    cores then read fewer operand bytes from shared memory, whose bandwidth the x copies,
-    the weight stores and the MMA operands share."""
+        W_AS_A: gl.constexpr, GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
+    """The FP4 weights decoded in the K loop. Every warp decodes its share of the weight
+    tile, then every warpgroup issues its MMA. W_AS_A: the product is computed transposed,
+    acc^T [BN, BM] = W x^T, so that the wgmma's N is the BM tokens (256) rather than one
+    head (128): per FLOP the tensor cores then read fewer operand bytes from shared memory,
+    whose bandwidth the x copies, the weight stores and the MMA operands share."""
     BN: gl.constexpr = HPT * 128                  # HPT whole heads per program
     NK: gl.constexpr = K // BK
     NB: gl.constexpr = BK // 16                   # scale blocks per K step
@@ -195,13 +203,6 @@ def nvfp4_qkv_rope_gluon_kernel(
                                                       instr_shape=[16, BN, 16])
         acc = gl.zeros([BM, BN], gl.float32, layout=MMA)
     W_SMEM: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.bfloat16)
-    W_PROBE: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [num_warps, 1], [1, 0])
-    # timing probes (see ``launch``): which parts of the loop run. 0 runs them all.
-    X_STREAM: gl.constexpr = PROBE <= 3           # x tiles refilled by TMA in the loop
-    X_RESIDENT: gl.constexpr = PROBE >= 5 and PROBE <= 7    # x slots filled once, reused
-    DECODE_ONCE: gl.constexpr = PROBE >= 5 and PROBE <= 7   # weight slots decoded once, reused
-    STEP_SYNC: gl.constexpr = PROBE <= 5          # fence + CTA barrier every step
-    MMA_ON: gl.constexpr = PROBE <= 1 or (PROBE >= 5 and PROBE <= 7)
     h, off_m, w_base, s_base, row0 = _tile(gl.program_id(0), wq_ptr, sq_ptr, wk_ptr, sk_ptr, wv_ptr, sv_ptr,
                                            HQ, HKV, BM, HPT)
     c_ptrs, s_ptrs = _weight_pointers(w_base, s_base, row0, K, BN, NB, num_warps)
@@ -212,14 +213,9 @@ def nvfp4_qkv_rope_gluon_kernel(
     bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(bars.index(i), count=1)
-    # the first x tiles: AHEAD of them when x streams, every slot once for probes 5-7
-    PROLOGUE: gl.constexpr = STAGES if X_RESIDENT else (AHEAD if X_STREAM else 0)
-    for i in gl.static_range(PROLOGUE):
+    for i in gl.static_range(AHEAD):
         mbarrier.expect(bars.index(i), x_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
-    if X_RESIDENT:
-        for i in gl.static_range(STAGES):
-            mbarrier.wait(bars.index(i), phase=0)
 
     # codes and scales are loaded two steps before their decode (registers carried by
     # the loop), so that their global-memory latency hides behind two steps of work
@@ -235,70 +231,118 @@ def nvfp4_qkv_rope_gluon_kernel(
         ahead = gl.minimum(kk + 2, NK - 1)        # the last steps reload the last tile
         codes_2 = gl.load(c_ptrs + ahead * (BK // 8))
         sbits_2 = gl.load(s_ptrs + ahead * NB)
-        # decode step kk while the MMA of step kk-1 runs
-        # this weight slot and the x slot refilled below were last read by the MMA of
-        # step kk-3, finished in every warpgroup (see AHEAD)
-        if PROBE == 1:          # timing probe: the decode replaced by a constant tile
-            w_smem.index(kk % WSLOTS).store(gl.full([BN, BK], 1.0, gl.bfloat16, layout=W_PROBE))
-        elif DECODE_ONCE:
-            if kk < WSLOTS:
-                w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
-        elif PROBE != 3:
-            w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
-        if X_STREAM:
-            nxt = kk + AHEAD
-            if nxt < NK:
-                mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
-                tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
-                                                x_smem.index(nxt % STAGES))
-        if STEP_SYNC:
-            fence_async_shared()
-            gl.thread_barrier()                   # every warp's part of the tile is written
-        elif DECODE_ONCE:
-            if kk < WSLOTS:
-                fence_async_shared()
-                gl.thread_barrier()
-        if X_STREAM:
-            mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
-        if MMA_ON:
-            if W_AS_A:
-                acc = warpgroup_mma(w_smem.index(kk % WSLOTS), x_smem.index(kk % STAGES).permute((1, 0)), acc,
-                                    is_async=True)
-            else:
-                acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
-                                    is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        # decode step kk while the MMA of step kk-1 runs; this weight slot and the x slot
+        # refilled below were last read by the MMA of step kk-3, finished in every
+        # warpgroup (see AHEAD)
+        w_smem.index(kk % WSLOTS).store(_decode_step(codes, sbits, BN, BK))
+        nxt = kk + AHEAD
+        if nxt < NK:
+            mbarrier.expect(bars.index(nxt % STAGES), x_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(nxt % STAGES),
+                                            x_smem.index(nxt % STAGES))
+        fence_async_shared()
+        gl.thread_barrier()                       # every warp's part of the tile is written
+        mbarrier.wait(bars.index(kk % STAGES), phase=(kk // STAGES) & 1)
+        if W_AS_A:
+            acc = warpgroup_mma(w_smem.index(kk % WSLOTS), x_smem.index(kk % STAGES).permute((1, 0)), acc,
+                                is_async=True)
+        else:
+            acc = warpgroup_mma(x_smem.index(kk % STAGES), w_smem.index(kk % WSLOTS).permute((1, 0)), acc,
+                                is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
     acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(bars.index(i))
     if W_AS_A:
         acc = gl.permute(acc, (1, 0))
-    if PROBE == 7:              # timing probe 7: an epilogue that never runs keeps the MMAs
-        if M < 0:
-            _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-                      q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
-    else:
-        _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-                  q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, num_warps)
+    # 256 = 2^8: the decode's offset (see _decode_words)
+    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, 256.0, num_warps)
+
+
+@gluon.jit
+def nvfp4_qkv_rope_gluon_dense_kernel(
+        x_desc, w_desc, cos_ptr, sin_ptr,
+        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+        q_out, k_out, v_out, M, S,
+        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
+        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, HPT: gl.constexpr,
+        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
+    """The weights predecoded (bf16 code * scale, stacked q, k, v rows), read by TMA. Both
+    tiles of a K step arrive in one slot of the ring (one mbarrier, both byte counts);
+    the product is transposed (acc^T [BN, BM] = W x^T, tokens as the wgmma's N)."""
+    BN: gl.constexpr = HPT * 128
+    NK: gl.constexpr = K // BK
+    NT: gl.constexpr = HQ + 2 * HKV
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                  instr_shape=[16, BM, 16])
+    acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
+    pid = gl.program_id(0)
+    h = (pid % (NT // HPT)) * HPT                 # heads fastest: the tiles in flight share x in L2
+    off_m = (pid // (NT // HPT)) * BM
+    row0 = h * 128                                # q, k, v rows are stacked in head order
+
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(bars.index(i), count=1)
+    NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
+    for i in gl.static_range(STAGES - 1):
+        if i < NK:
+            mbarrier.expect(bars.index(i), NBYTES)
+            tma.async_copy_global_to_shared(x_desc, [off_m, i * BK], bars.index(i), x_smem.index(i))
+            tma.async_copy_global_to_shared(w_desc, [row0, i * BK], bars.index(i), w_smem.index(i))
+    for kk in range(NK):
+        slot = kk % STAGES
+        mbarrier.wait(bars.index(slot), phase=(kk // STAGES) & 1)
+        acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, is_async=True)
+        # this warpgroup's MMA of step kk-1 is done; after the barrier every warpgroup's
+        # is, so the slot it read takes the tiles of step kk + STAGES - 1
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+        gl.thread_barrier()
+        nxt = kk + STAGES - 1
+        if nxt < NK:
+            refill = nxt % STAGES
+            mbarrier.expect(bars.index(refill), NBYTES)
+            tma.async_copy_global_to_shared(x_desc, [off_m, nxt * BK], bars.index(refill), x_smem.index(refill))
+            tma.async_copy_global_to_shared(w_desc, [row0, nxt * BK], bars.index(refill), w_smem.index(refill))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    for i in gl.static_range(STAGES):
+        mbarrier.invalidate(bars.index(i))
+    acc = gl.permute(acc, (1, 0))
+    _epilogue(acc, h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
+              q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, 1.0, num_warps)
+
+
+def _x_descriptor(x2d, block_m: int, block_k: int):
+    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
+    return TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
 
 
 def launch(x2d, cos, sin, w, s, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
            block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, w_as_a: bool = False,
-           num_warps: int = 8, probe: int = 0):
-    """One launch over (token tiles x heads). ``w``/``s``: the q, k, v codes and scales as
-    uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the transposed
-    product (weights as the wgmma's A operand, tokens as its N). ``probe`` (timing
-    experiments only, wrong outputs): 1 replaces the decode by a constant tile, 2 skips
-    the tensor-core products, 3 only streams the x tiles (no decode, no products), 4 only
-    decodes (no x, no products), 5 only multiplies (x and weight slots filled once and
-    reused, so neither the x stream nor the decode is in the loop), 6 is 5 without the
-    per-step fence and CTA barrier, 7 is 6 without the epilogue, 8 is 4 without the
-    per-step fence and barrier."""
-    layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
-    x_desc = TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
+           num_warps: int = 8):
+    """The in-loop decode kernel over (token tiles x heads). ``w``/``s``: the q, k, v codes
+    and scales as uint8 tensors; ``gs_args``: (tensor or dummy, gq, gk, gv). ``w_as_a``: the
+    transposed product (weights as the wgmma's A operand, tokens as its N)."""
     grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
     nvfp4_qkv_rope_gluon_kernel[grid](
-        x_desc, cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args, qn, kn, float(eps),
+        _x_descriptor(x2d, block_m, block_k), cos, sin, w[0], s[0], w[1], s[1], w[2], s[2], *gs_args,
+        qn, kn, float(eps), outs[0], outs[1], outs[2], m, seq,
+        K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
+        W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)
+
+
+def launch_dense(x2d, cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
+                 block_m: int, block_k: int, stages: int, heads_per_tile: int = 1, num_warps: int = 8):
+    """The predecoded-weight kernel. ``w_dense``: bf16 [(hq + 2 hkv) * 128, K] = code * scale."""
+    bn = 128 * heads_per_tile
+    w_layout = gl.NVMMASharedLayout.get_default_for([bn, block_k], gl.bfloat16)
+    w_desc = TensorDescriptor.from_tensor(w_dense, [bn, block_k], w_layout)
+    grid = (triton.cdiv(m, block_m) * ((hq + 2 * hkv) // heads_per_tile),)
+    nvfp4_qkv_rope_gluon_dense_kernel[grid](
+        _x_descriptor(x2d, block_m, block_k), w_desc, cos, sin, *gs_args, qn, kn, float(eps),
         outs[0], outs[1], outs[2], m, seq,
         K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
-        W_AS_A=w_as_a, GS_FROM_PTR=gs_from_ptr, num_warps=num_warps, PROBE=probe)
+        GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)

@@ -3,8 +3,9 @@ mRoPE in the benchmark's contiguous (D/4, 3D/8, 3D/8) layout, causal GQA attenti
 O-projection, RMSNorm, SwiGLU MLP, two residual adds).
 
 ``reference.py``: the float64 oracle with stage taps, the benchmark's reference as it runs
-(``sol_reference``) and torch baselines; ``fast.py`` with ``_kernels.py`` and ``_gluon.py``:
-the Triton fast path."""
+(``sol_reference``) and torch baselines; ``fast.py``: the Triton fast path (its kernels in
+``_kernels.py``, ``_attention.py`` and ``_gluon.py``, their launchers in ``_launch.py``, tile
+tables and plans in ``_plans.py``)."""
 from .. import OperatorSpec
 
 SPEC = OperatorSpec(
@@ -12,4 +13,7 @@ SPEC = OperatorSpec(
     package=__name__,
     inputs={"realistic": ".reference:realistic_inputs"},
     cost_model=".reference:cost_model",
+    properties=".properties:HOOKS",
+    mutants=".mutants:catalogue",
+    fast_options=".fast:options",
 )

@@ -33,7 +33,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from ._kernels import _online_softmax, _round_tf32, _tile_coords
+from ._attention import _online_softmax
+from ._kernels import _round_tf32, _tile_coords
 
 
 @gluon.jit

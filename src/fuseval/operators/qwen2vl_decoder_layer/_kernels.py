@@ -1,14 +1,24 @@
-"""Triton kernels of the Qwen2-VL decoder-layer fast path (op A); launchers live in
-``fuseval.operators.qwen2vl_decoder_layer.fast``.
+"""Triton kernels of the Qwen2-VL decoder-layer fast path (op A): RMSNorm, the GEMMs
+(residual, gate/up, persistent) and QKV with the mRoPE epilogue; the attention kernel is
+in ``_attention.py``, the launchers in ``_launch.py``.
 
-Every tensor here is float32 and row-major. All matrix products are "NT": both operands
-are read along their contiguous K axis (activations [M, K], nn.Linear weights [N, K]).
-That is also the only operand order Hopper's tensor cores accept for 32-bit (TF32)
-inputs, which is why the QKV kernel writes V transposed for the attention kernel.
+Tensors are row-major; inputs, weights, residuals and outputs are float32, the
+activations that only feed products are float32 or, under the "fp16" policy, float16
+(the kernels read the element type off the pointers). All matrix products are "NT": both
+operands are read along their contiguous K axis (activations [M, K], nn.Linear weights
+[N, K]). That is also the only operand order Hopper's tensor cores accept for 32-bit
+(TF32) inputs, which is why the QKV kernel writes V transposed for the attention kernel.
 
-``PREC`` is the dot input precision: "tf32" (TF32 tensor cores), "tf32x3" (three TF32
-products, about fp32 accuracy) or "ieee" (exact fp32 FMA). Under the Triton interpreter
-every dot is exact fp32 whatever ``PREC`` says.
+``PREC`` is the product's operand precision (``_mma``): "tf32" (TF32 tensor cores),
+"fp16" (both operands converted to fp16, round to nearest even, fp32 accumulation),
+"tf32x3" (three TF32 products, about fp32 accuracy) or "ieee" (exact fp32 FMA). Under the
+Triton interpreter an fp32 dot is exact whatever ``PREC`` says; fp16 operands are
+rounded there as on the GPU.
+
+``WATCH`` (the "fp16" policy): the kernel sets ``flag_ptr[0]`` to 1 when a value it
+stores as fp16 is NaN or beyond fp16's range, or when an fp32 result of fp16 operands is
+not finite (an operand overflowed in its conversion). The launcher then recomputes the
+call under "tf32" (fast.py), so no overflow reaches the output.
 
 Flags whose names start with ``MUT_`` plant a known bug (the tests' mutants); the
 production launchers always pass False.
@@ -32,14 +42,55 @@ def _round_tf32(x):
     return bits.to(tl.float32, bitcast=True)
 
 
+@triton.jit
+def _mma(a, b, acc, PREC: tl.constexpr):
+    """acc + a b^T: ``a`` [m, k], ``b`` [n, k]. Under "fp16" both operands are converted
+    to fp16 here (the weights arrive as fp32 tiles; activations are fp16 already)."""
+    if PREC == "fp16":
+        acc = tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)), acc)
+    else:
+        acc = tl.dot(a, tl.trans(b), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def _mm(a, b, PREC: tl.constexpr):
+    """a b^T in fp32, operands as in ``_mma``."""
+    if PREC == "fp16":
+        return tl.dot(a.to(tl.float16), tl.trans(b.to(tl.float16)))
+    else:
+        return tl.dot(a, tl.trans(b), input_precision=PREC)
+
+
+@triton.jit
+def _watch(v, mask, flag_ptr, out_ptr, WATCH: tl.constexpr):
+    """When WATCH: flag (``flag_ptr[0] = 1``) a masked element of ``v`` that ``out_ptr``'s
+    element type cannot hold: NaN, or beyond 65504 for fp16, or not finite for fp32.
+    Only programs that find one store (no atomics, no traffic otherwise)."""
+    if WATCH:
+        if out_ptr.dtype.element_ty == tl.float16:
+            limit = 65504.0
+        else:
+            limit = 3.4028234663852886e38
+        bad = mask & ((tl.abs(v) > limit) | (v != v))
+        if tl.sum(bad.to(tl.int32)) > 0:
+            tl.store(flag_ptr, 1)
+
+
+@triton.jit
+def _stored(v, out_ptr):
+    """``v`` in the element type of ``out_ptr`` (fp32 -> fp16 rounds to nearest even)."""
+    return v.to(out_ptr.dtype.element_ty)
+
+
 # --------------------------------------------------------------------------- RMSNorm
 @triton.jit(do_not_specialize=["M"])
-def rms_norm_kernel(x_ptr, w_ptr, out_ptr, M, H, stride_x, stride_out, eps,
+def rms_norm_kernel(x_ptr, w_ptr, out_ptr, flag_ptr, M, H, stride_x, stride_out, eps,
                     BLOCK_H: tl.constexpr, ROWS: tl.constexpr, ROUND_OUT: tl.constexpr,
-                    MUT_EPS_OUTSIDE: tl.constexpr):
+                    WATCH: tl.constexpr, MUT_EPS_OUTSIDE: tl.constexpr):
     """out = x * rsqrt(mean(x^2) + eps) * w for ``ROWS`` whole rows (H <= BLOCK_H) held in
-    registers: one read and one write of [M, H]. ROUND_OUT: store TF32-rounded values
-    (the output only ever feeds a TF32 product)."""
+    registers: one read and one write of [M, H], in fp32; stored in ``out_ptr``'s type.
+    ROUND_OUT: store TF32-rounded values (the output only ever feeds a TF32 product)."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.arange(0, BLOCK_H)
     mask = (rows[:, None] < M) & (cols[None, :] < H)
@@ -53,7 +104,8 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, M, H, stride_x, stride_out, eps,
     h = x * scale[:, None] * w[None, :]
     if ROUND_OUT:
         h = _round_tf32(h)
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], h, mask=mask)
+    _watch(h, mask, flag_ptr, out_ptr, WATCH)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], _stored(h, out_ptr), mask=mask)
 
 
 # --------------------------------------------------------------------------- GEMM pieces
@@ -97,7 +149,7 @@ def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, str
             b1 = tl.load(b1_ptrs, mask=kmask, other=0.0)
         if ROUND_B:
             b1 = _round_tf32(b1)
-        acc1 = tl.dot(a, tl.trans(b1), acc1, input_precision=PREC)
+        acc1 = _mma(a, b1, acc1, PREC)
         if TWO:
             if EVEN_K:
                 b2 = tl.load(b2_ptrs)
@@ -105,7 +157,7 @@ def _mainloop_ptr(a_ptr, a_rows, stride_a, b1_ptr, b1_rows, b2_ptr, b2_rows, str
                 b2 = tl.load(b2_ptrs, mask=offs_k[None, :] < k_hi - (k - k_lo), other=0.0)
             if ROUND_B:
                 b2 = _round_tf32(b2)
-            acc2 = tl.dot(a, tl.trans(b2), acc2, input_precision=PREC)
+            acc2 = _mma(a, b2, acc2, PREC)
         a_ptrs += BK
         b1_ptrs += BK
         b2_ptrs += BK
@@ -122,12 +174,12 @@ def _mainloop_tma(a_desc, off_m, b1_desc, off_n1, b2_desc, off_n2, k_lo, k_hi, a
         b1 = b1_desc.load([off_n1, k])
         if ROUND_B:
             b1 = _round_tf32(b1)
-        acc1 = tl.dot(a, b1.T, acc1, input_precision=PREC)
+        acc1 = _mma(a, b1, acc1, PREC)
         if TWO:
             b2 = b2_desc.load([off_n2, k])
             if ROUND_B:
                 b2 = _round_tf32(b2)
-            acc2 = tl.dot(a, b2.T, acc2, input_precision=PREC)
+            acc2 = _mma(a, b2, acc2, PREC)
     return acc1, acc2
 
 
@@ -148,11 +200,11 @@ def _mainloop(a, off_m, a_rows, stride_a, b, off_n, b_rows, stride_b, k_lo, k_hi
 
 # --------------------------------------------------------------------------- residual GEMM
 @triton.jit(do_not_specialize=["M"])
-def gemm_residual_kernel(a, w, res_ptr, out_ptr, M, N, K, stride_a, stride_w, stride_res, stride_out,
+def gemm_residual_kernel(a, w, res_ptr, out_ptr, flag_ptr, M, N, K, stride_a, stride_w, stride_res, stride_out,
                          k_per_split,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                          EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
-                         ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr):
+                         ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr, WATCH: tl.constexpr):
     """out = res + A W^T (O projection: res = x; down projection: res = x1).
     ``a``/``w`` are pointers, or TMA descriptors when USE_TMA.
 
@@ -173,6 +225,7 @@ def gemm_residual_kernel(a, w, res_ptr, out_ptr, M, N, K, stride_a, stride_w, st
     acc = _mainloop(a, off_m, rows % M, stride_a, w, off_n, cols % N, stride_w, k_lo, k_hi, acc,
                     BK, EVEN_K, PREC, USE_TMA, ROUND_B)
     mask = (rows[:, None] < M) & (cols[None, :] < N)
+    _watch(acc, mask, flag_ptr, out_ptr, WATCH)
     if ADD_RESIDUAL:
         acc += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
     out_ptr += pid_k.to(tl.int64) * M * N
@@ -196,11 +249,11 @@ def splitk_reduce_kernel(part_ptr, res_ptr, out_ptr, M, N, SPLITS: tl.constexpr,
 
 # --------------------------------------------------------------------------- gate + up GEMM
 @triton.jit(do_not_specialize=["M"])
-def gate_up_kernel(a, wg, wu, out_ptr, M, N, K, stride_a, stride_w, stride_out,
+def gate_up_kernel(a, wg, wu, out_ptr, flag_ptr, M, N, K, stride_a, stride_w, stride_out,
                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                    EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr,
                    ROUND_B: tl.constexpr, FUSE_ACT: tl.constexpr, ROUND_OUT: tl.constexpr,
-                   MUT_SILU_ON_UP: tl.constexpr):
+                   WATCH: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
     """g = A Wg^T and u = A Wu^T over one shared A tile; FUSE_ACT: out = silu(g) * u
     ([M, N]); otherwise out = [g | u] ([M, 2N], the ``gate_up`` tap)."""
     pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
@@ -216,12 +269,13 @@ def gate_up_kernel(a, wg, wu, out_ptr, M, N, K, stride_a, stride_w, stride_out,
     else:
         acc_g, acc_u = _mainloop_ptr(a, rows % M, stride_a, wg, cols % N, wu, cols % N, stride_w, 0, K,
                                      acc_g, acc_u, BK, EVEN_K, PREC, True, ROUND_B)
-    _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_ACT, ROUND_OUT, MUT_SILU_ON_UP)
+    _gate_up_epilogue(acc_g, acc_u, out_ptr, flag_ptr, rows, cols, M, N, stride_out, FUSE_ACT, ROUND_OUT, WATCH,
+                      MUT_SILU_ON_UP)
 
 
 @triton.jit
-def _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_ACT: tl.constexpr,
-                      ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+def _gate_up_epilogue(acc_g, acc_u, out_ptr, flag_ptr, rows, cols, M, N, stride_out, FUSE_ACT: tl.constexpr,
+                      ROUND_OUT: tl.constexpr, WATCH: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     out_ptrs = out_ptr + rows[:, None] * stride_out + cols[None, :]
     if FUSE_ACT:
@@ -231,20 +285,69 @@ def _gate_up_epilogue(acc_g, acc_u, out_ptr, rows, cols, M, N, stride_out, FUSE_
             act = (acc_g / (1.0 + tl.exp(-acc_g))) * acc_u
         if ROUND_OUT:
             act = _round_tf32(act)
-        tl.store(out_ptrs, act, mask=mask)
+        _watch(act, mask, flag_ptr, out_ptr, WATCH)
+        tl.store(out_ptrs, _stored(act, out_ptr), mask=mask)
     else:
+        _watch(acc_g, mask, flag_ptr, out_ptr, WATCH)
+        _watch(acc_u, mask, flag_ptr, out_ptr, WATCH)
         tl.store(out_ptrs, acc_g, mask=mask)
         tl.store(out_ptrs + N, acc_u, mask=mask)
 
 
+# --------------------------------------------------------------------------- fp16: weights as A
+@triton.jit(do_not_specialize=["M"])
+def gemm_weights_as_a_kernel(a_desc, w1_desc, w2_desc, res_ptr, out_ptr, flag_ptr, M, N, K, stride_res,
+                             stride_out, k_per_split,
+                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
+                             GATE_UP: tl.constexpr, ADD_RESIDUAL: tl.constexpr, ROUND_OUT: tl.constexpr,
+                             WATCH: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+    """The "fp16" policy's GEMMs with the weights as the tensor cores' A operand:
+    acc^T [BN, BM] = W X^T over the K columns of this program's split (program axis 1).
+
+    The fp32 weight tile is converted to fp16 in registers, and wgmma takes its A operand
+    from registers: the converted tile feeds the tensor cores directly. As the B operand
+    (``_mma``) it would go back through shared memory every K step (measured on the H200
+    by benchmarks/probes/qwen2vl_fp16_gemm.py: 2.76 vs 3.57 ms for the gate projection at
+    8192 tokens). The activations X (fp16, [M, K]) arrive by TMA as the B operand.
+    GATE_UP: out = silu(X W1^T) * (X W2^T); else out = (res +) X W1^T, or with split-K
+    (axis 1 > 1) slice k of the partial products ([splits, M, N], splitk_reduce_kernel
+    adds them and the residual)."""
+    pid_m, pid_n = _tile_coords(tl.program_id(0), M, N, BM, BN, GROUP_M)
+    pid_k = tl.program_id(1)
+    k_lo = pid_k * k_per_split
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    off_m = pid_m * BM
+    off_n = pid_n * BN
+    acc1 = tl.zeros([BN, BM], dtype=tl.float32)
+    acc2 = tl.zeros([BN, BM], dtype=tl.float32)
+    for k in range(k_lo, k_hi, BK):
+        x = a_desc.load([off_m, k]).to(tl.float16)
+        acc1 = tl.dot(w1_desc.load([off_n, k]).to(tl.float16), x.T, acc1)
+        if GATE_UP:
+            acc2 = tl.dot(w2_desc.load([off_n, k]).to(tl.float16), x.T, acc2)
+    rows = off_m + tl.arange(0, BM)
+    cols = off_n + tl.arange(0, BN)
+    if GATE_UP:
+        _gate_up_epilogue(tl.trans(acc1), tl.trans(acc2), out_ptr, flag_ptr, rows, cols, M, N, stride_out, True,
+                          ROUND_OUT, WATCH, MUT_SILU_ON_UP)
+    else:
+        acc = tl.trans(acc1)
+        mask = (rows[:, None] < M) & (cols[None, :] < N)
+        _watch(acc, mask, flag_ptr, out_ptr, WATCH)
+        if ADD_RESIDUAL:
+            acc += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
+        out_ptr += pid_k.to(tl.int64) * M * N
+        tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc, mask=mask)
+
+
 # --------------------------------------------------------------------------- persistent GEMM
 @triton.jit(do_not_specialize=["M", "num_programs"])
-def gemm_persistent_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, M, N, K, stride_res, stride_out,
-                           num_programs,
+def gemm_persistent_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, flag_ptr, M, N, K, stride_res,
+                           stride_out, num_programs,
                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                            PREC: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
                            GATE_UP: tl.constexpr, ROUND_B: tl.constexpr, ADD_RESIDUAL: tl.constexpr,
-                           ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+                           ROUND_OUT: tl.constexpr, WATCH: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
     """The residual GEMM (GATE_UP False: out = res + A B1^T) or the fused gate/up GEMM
     (GATE_UP: out = silu(A B1^T) * (A B2^T)) as a persistent kernel: one program per SM
     walks the tiles, so the loads of the next tile overlap the epilogue of this one, and
@@ -262,18 +365,19 @@ def gemm_persistent_kernel(a_desc, b1_desc, b2_desc, res_ptr, out_ptr, M, N, K, 
         rows = off_m + tl.arange(0, BM)
         cols = off_n + tl.arange(0, BN)
         if GATE_UP:
-            _gate_up_epilogue(acc1, acc2, out_ptr, rows, cols, M, N, stride_out, True, ROUND_OUT,
-                              MUT_SILU_ON_UP)
+            _gate_up_epilogue(acc1, acc2, out_ptr, flag_ptr, rows, cols, M, N, stride_out, True, ROUND_OUT,
+                              WATCH, MUT_SILU_ON_UP)
         else:
             mask = (rows[:, None] < M) & (cols[None, :] < N)
+            _watch(acc1, mask, flag_ptr, out_ptr, WATCH)
             if ADD_RESIDUAL:
                 acc1 += tl.load(res_ptr + rows[:, None] * stride_res + cols[None, :], mask=mask, other=0.0)
             tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], acc1, mask=mask)
 
 
 @triton.jit(do_not_specialize=["M"])
-def swiglu_kernel(gu_ptr, out_ptr, M, N, stride_gu, stride_out, BM: tl.constexpr, BN: tl.constexpr,
-                  ROUND_OUT: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
+def swiglu_kernel(gu_ptr, out_ptr, flag_ptr, M, N, stride_gu, stride_out, BM: tl.constexpr, BN: tl.constexpr,
+                  ROUND_OUT: tl.constexpr, WATCH: tl.constexpr, MUT_SILU_ON_UP: tl.constexpr):
     """The unfused ``act`` stage (staged path only): out = silu(g) * u from [g | u]."""
     rows = tl.program_id(0) * BM + tl.arange(0, BM)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
@@ -286,7 +390,8 @@ def swiglu_kernel(gu_ptr, out_ptr, M, N, stride_gu, stride_out, BM: tl.constexpr
         act = (g / (1.0 + tl.exp(-g))) * u
     if ROUND_OUT:
         act = _round_tf32(act)
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], act, mask=mask)
+    _watch(act, mask, flag_ptr, out_ptr, WATCH)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], _stored(act, out_ptr), mask=mask)
 
 
 # --------------------------------------------------------------------------- QKV + bias + mRoPE
@@ -361,13 +466,13 @@ def _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D
 
 @triton.jit(do_not_specialize=["M", "S"])
 def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
-                    qk_ptr, vt_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis, cos_stride_b,
+                    qk_ptr, vt_ptr, flag_ptr, M, S, K, stride_x, stride_qk, cos_stride_axis, cos_stride_b,
                     vt_stride_b, vt_stride_h, vt_stride_d,
                     QD: tl.constexpr, KD: tl.constexpr, D: tl.constexpr, HPT: tl.constexpr,
                     BM: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr,
                     EVEN_K: tl.constexpr, PREC: tl.constexpr, USE_TMA: tl.constexpr, ROUND_B: tl.constexpr,
                     FUSED: tl.constexpr, ROUND_OUT: tl.constexpr, HF_LAYOUT: tl.constexpr,
-                    MUT_WRONG_AXIS: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
+                    WATCH: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
     """[q | k | v] = h [Wq | Wk | Wv]^T + b for one tile of BM tokens x ``HPT`` whole heads.
 
     The main loop is a plain GEMM tile (BN = HPT * D columns of one of the three weights,
@@ -383,7 +488,8 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
     transposed into ``vt_ptr`` ([B, Hkv, D, S_pad]: keys contiguous, the operand order
     the PV product needs). Not FUSED: write plain [q | k | v] ([M, QD+2KD], the
     ``qkv_proj`` tap) into ``qk_ptr``. ROUND_OUT (FUSED only): store q', k', v rounded to
-    TF32, since they only feed the attention's TF32 products."""
+    TF32, since they only feed the attention's TF32 products; under the "fp16" policy
+    ``qk_ptr``/``vt_ptr`` are fp16 buffers (the attention's fp16 operands)."""
     HALF: tl.constexpr = D // 2
     BN: tl.constexpr = HPT * D
     N: tl.constexpr = QD + 2 * KD
@@ -412,6 +518,7 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
 
     row_ok = rows[:, None] < M
     if not FUSED:
+        _watch(acc, row_ok, flag_ptr, qk_ptr, WATCH)
         tl.store(qk_ptr + rows[:, None] * stride_qk + (n0 + c)[None, :], acc, mask=row_ok)
     elif n0 < QD + KD:
         halves = tl.permute(tl.reshape(acc, [BM, HPT, 2, HALF]), (0, 1, 3, 2))
@@ -424,24 +531,28 @@ def qkv_rope_kernel(x, wq, wk, wv, bq_ptr, bk_ptr, bv_ptr, cos_ptr, sin_ptr,
         row_off = _mrope_row_offsets(rows, S, cos_stride_b, D, MUT_LAST_ROWS)
         rot_lo, rot_hi = _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, row_ok, D,
                                        HF_LAYOUT, ROUND_OUT, MUT_WRONG_AXIS)
+        _watch(rot_lo, row_ok, flag_ptr, qk_ptr, WATCH)
+        _watch(rot_hi, row_ok, flag_ptr, qk_ptr, WATCH)
         qk_ptrs = qk_ptr + rows[:, None] * stride_qk + out_cols[None, :]
-        tl.store(qk_ptrs, rot_lo, mask=row_ok)
-        tl.store(qk_ptrs + HALF, rot_hi, mask=row_ok)
+        tl.store(qk_ptrs, _stored(rot_lo, qk_ptr), mask=row_ok)
+        tl.store(qk_ptrs + HALF, _stored(rot_hi, qk_ptr), mask=row_ok)
     else:
         if ROUND_OUT:
             acc = _round_tf32(acc)
+        _watch(acc, row_ok, flag_ptr, vt_ptr, WATCH)
         b = rows // S
         s = rows % S
         kv_head = nloc // D + c // D
         vt_ptrs = vt_ptr + b[:, None] * vt_stride_b + kv_head[None, :] * vt_stride_h \
             + (c % D)[None, :] * vt_stride_d + s[:, None]
-        tl.store(vt_ptrs, acc, mask=row_ok)
+        tl.store(vt_ptrs, _stored(acc, vt_ptr), mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["M", "S"])
-def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, S, stride_qkv, stride_out, cos_stride_axis,
+def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, flag_ptr, M, S, stride_qkv, stride_out, cos_stride_axis,
                  cos_stride_b, D: tl.constexpr, BM: tl.constexpr, ROUND_OUT: tl.constexpr,
-                 HF_LAYOUT: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr, MUT_LAST_ROWS: tl.constexpr):
+                 HF_LAYOUT: tl.constexpr, WATCH: tl.constexpr, MUT_WRONG_AXIS: tl.constexpr,
+                 MUT_LAST_ROWS: tl.constexpr):
     """The unfused ``mrope`` stage (staged path only): one head (program axis 1) of q or k
     for BM tokens, read from [q | k | v] and written to [q' | k']."""
     HALF: tl.constexpr = D // 2
@@ -455,129 +566,8 @@ def mrope_kernel(qkv_ptr, cos_ptr, sin_ptr, out_ptr, M, S, stride_qkv, stride_ou
     row_off = _mrope_row_offsets(rows, S, cos_stride_b, D, MUT_LAST_ROWS)
     rot_lo, rot_hi = _mrope_rotate(lo, hi, row_off, j, cos_ptr, sin_ptr, cos_stride_axis, mask, D, HF_LAYOUT,
                                    ROUND_OUT, MUT_WRONG_AXIS)
+    _watch(rot_lo, mask, flag_ptr, out_ptr, WATCH)
+    _watch(rot_hi, mask, flag_ptr, out_ptr, WATCH)
     dst = out_ptr + rows[:, None] * stride_out + col0 + j[None, :]
-    tl.store(dst, rot_lo, mask=mask)
-    tl.store(dst + HALF, rot_hi, mask=mask)
-
-
-# --------------------------------------------------------------------------- attention
-@triton.jit
-def _online_softmax(s, m_i, l_i):
-    """One key tile's online-softmax step on scores ``s`` (log2 domain, masked keys
-    -inf): the new running max, the factor alpha that rescales what was accumulated
-    under the old max, p = 2^(s - max) and the new running sum. Shared by the Triton and
-    the Gluon attention kernels, so both compute the same arithmetic."""
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - tl.expand_dims(m_new, 1))
-    l_i = l_i * alpha + tl.sum(p, 1)
-    return p, alpha, m_new, l_i
-
-
-@triton.jit
-def _attention_tile(q, k_src, vt_src, k_row0, k_col, vt_row0, n, keys0, d, stride_qk, vt_stride_d, S,
-                    tok_c, m_i, l_i, acc, qk_scale, MASKED: tl.constexpr, MUT_NONCAUSAL: tl.constexpr,
-                    PREC: tl.constexpr, ROUND_P: tl.constexpr, USE_TMA: tl.constexpr):
-    """One key tile of the online softmax: s = q k^T, rescale the running max / sum /
-    output, acc += p v. MASKED: the tile holds keys past some row's token (the causal
-    diagonal) or past S; those scores become -inf.
-
-    With USE_TMA, ``k_src``/``vt_src`` are descriptors over [q'|k'] and over V^T seen as
-    [B*Hkv*D, S] (row stride S_pad): keys past S arrive as zeros from the copy engine
-    (never the unwritten padding of V^T), and keys of the next sequence in the batch are
-    masked like any key >= S."""
-    keys = n + keys0
-    key_ok = keys < S
-    if USE_TMA:
-        k = k_src.load([k_row0 + n, k_col])
-        vt = vt_src.load([vt_row0, n])
-    elif MASKED:
-        k = tl.load(k_src + keys[:, None] * stride_qk + d[None, :], mask=key_ok[:, None], other=0.0)
-        vt = tl.load(vt_src + d[:, None] * vt_stride_d + keys[None, :], mask=key_ok[None, :], other=0.0)
-    else:
-        k = tl.load(k_src + keys[:, None] * stride_qk + d[None, :])
-        vt = tl.load(vt_src + d[:, None] * vt_stride_d + keys[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if MASKED:
-        if MUT_NONCAUSAL:
-            visible = key_ok[None, :] & (tok_c[:, None] >= 0)
-        else:
-            visible = key_ok[None, :] & (keys[None, :] <= tok_c[:, None])
-        s = tl.where(visible, s, float("-inf"))
-    p, alpha, m_new, l_i = _online_softmax(s, m_i, l_i)
-    if ROUND_P:
-        p = _round_tf32(p)
-    acc = tl.dot(p, tl.trans(vt), acc * alpha[:, None], input_precision=PREC)
-    return m_new, l_i, acc
-
-
-@triton.jit(do_not_specialize=["S"])
-def attention_kernel(qk_ptr, k_src, vt_src, o_ptr, S, stride_qk, stride_o, vt_stride_b, vt_stride_h,
-                     vt_stride_d, qk_scale,
-                     QD: tl.constexpr, G: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                     BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr, ROUND_P: tl.constexpr,
-                     ROUND_OUT: tl.constexpr, USE_TMA: tl.constexpr, MUT_NONCAUSAL: tl.constexpr,
-                     MUT_KV_MOD: tl.constexpr):
-    """Causal GQA flash attention for one (batch, kv head) and BM query rows.
-
-    The rows of a tile are (token, head) pairs of the kv head's G query heads, token-major
-    (row r: token r // G, head r % G): every K/V tile loaded serves all G heads, and a
-    tile's rows span only BM / G tokens, so the causally masked fringe is small. Online
-    softmax in fp32 with exp2 (``qk_scale`` = log2(e) / sqrt(D)); key tiles entirely
-    below the tile's first token run unmasked, tiles beyond its last token are skipped.
-    q and k are read from [q' | k'] ([M, QD+KD]), v from its transpose [B, Hkv, D, S_pad]
-    (``k_src``/``vt_src``: pointers to them, or TMA descriptors when USE_TMA).
-    ROUND_P: round P to TF32 before the PV product; ROUND_OUT: store the output rounded
-    (it only feeds the O projection's TF32 product)."""
-    pid_r = tl.num_programs(0) - 1 - tl.program_id(0)    # longest (latest) tiles first
-    bh = tl.program_id(1)
-    b = bh // HKV
-    kvh = bh % HKV
-    r = pid_r * BM + tl.arange(0, BM)
-    tok = r // G
-    g = r % G
-    row_ok = tok < S
-    tok_c = tl.where(row_ok, tok, S - 1)
-    if MUT_KV_MOD:
-        qhead = g * HKV + kvh                            # planted bug: kv head = i % Hkv
-    else:
-        qhead = kvh * G + g                              # kv head = i // G
-    d = tl.arange(0, D)
-    q_rows = b * S + tok_c
-    q = tl.load(qk_ptr + q_rows[:, None] * stride_qk + qhead[:, None] * D + d[None, :])
-    if USE_TMA:
-        k_base = k_src
-        vt_base = vt_src
-    else:
-        k_base = k_src + QD + kvh * D + (b * S) * stride_qk
-        vt_base = vt_src + b * vt_stride_b + kvh * vt_stride_h
-    k_row0 = b * S                                       # TMA coordinates of this (b, kv head)
-    k_col = QD + kvh * D
-    vt_row0 = bh * D
-
-    t_first = (pid_r * BM) // G
-    t_last = tl.minimum((pid_r * BM + BM - 1) // G, S - 1)
-    if MUT_NONCAUSAL:
-        n_full = (S // BN) * BN
-        n_end = S
-    else:
-        n_full = ((t_first + 1) // BN) * BN              # keys < n_full are visible to every row
-        n_end = t_last + 1
-
-    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
-    l_i = tl.zeros([BM], dtype=tl.float32)
-    acc = tl.zeros([BM, D], dtype=tl.float32)
-    keys0 = tl.arange(0, BN)
-    for n in range(0, n_full, BN):
-        m_i, l_i, acc = _attention_tile(q, k_base, vt_base, k_row0, k_col, vt_row0, n, keys0, d, stride_qk,
-                                        vt_stride_d, S, tok_c, m_i, l_i, acc, qk_scale, False, MUT_NONCAUSAL,
-                                        PREC, ROUND_P, USE_TMA)
-    for n in range(n_full, n_end, BN):
-        m_i, l_i, acc = _attention_tile(q, k_base, vt_base, k_row0, k_col, vt_row0, n, keys0, d, stride_qk,
-                                        vt_stride_d, S, tok_c, m_i, l_i, acc, qk_scale, True, MUT_NONCAUSAL,
-                                        PREC, ROUND_P, USE_TMA)
-    acc = acc / l_i[:, None]
-    if ROUND_OUT:
-        acc = _round_tf32(acc)
-    tl.store(o_ptr + q_rows[:, None] * stride_o + qhead[:, None] * D + d[None, :], acc,
-             mask=row_ok[:, None])
+    tl.store(dst, _stored(rot_lo, out_ptr), mask=mask)
+    tl.store(dst + HALF, _stored(rot_hi, out_ptr), mask=mask)

@@ -1,6 +1,7 @@
 """Fast path for op A (``qwen2vl_decoder_layer``): float32 in and out, Triton kernels.
 
-The production ``forward`` runs seven kernels (``fuseval.operators.qwen2vl_decoder_layer._kernels``):
+The production ``forward`` runs seven kernels (``_kernels.py``, ``_attention.py``,
+``_gluon.py``; launched by ``_launch.py`` with the tiles of ``_plans.py``):
 
 ==========  ==========================================================================
 kernel      what it fuses
@@ -18,631 +19,221 @@ down        out = x1 + act Wd^T (residual in the epilogue)
 
 Why the RMSNorm weight is not folded into the GEMMs: it scales the K axis of the
 product, so it cannot move to the epilogue the way the row scale could; scaling the A
-tile on the fly would push the TF32 operand through registers (Hopper's TF32 tensor-core
-path wants both operands straight from shared memory), and pre-scaling the weights would
-rewrite 0.5 GB of weights every call. The row pass costs one extra read and write of
-[M, H] (about 1% of the layer's floor).
+tile on the fly would push the operand through registers, and pre-scaling the weights
+would rewrite 0.5 GB of weights every call. The row pass costs one extra read and write
+of [M, H] (about 1% of the layer's floor).
 
-Precision policy (``precision=``): "tf32" (default; TF32 tensor cores, like torch's
-TF32 matmuls), "tf32x3" (three TF32 products per dot, about fp32 accuracy, roughly 3x
-the tensor work) or "ieee" (exact fp32 FMA, slow). ``attention_precision=`` overrides it
-for the attention kernel alone.
+Precision policies (``precision=``; ``attention_precision=`` overrides it for the
+attention kernel alone):
 
-TF32 rounding. A Hopper tensor core reads a fp32 operand as TF32 by dropping its 13 low
-mantissa bits (truncation, not rounding): every operand shrinks towards zero, each
-product is biased by about -7e-4 relative, and the bias adds up coherently over K. With
-both operands truncated the layer missed the benchmark tolerance (max abs 1.3e-2, 88% of
-elements inside the bound, on the H200). So under "tf32" every activation that feeds a
-tensor-core product is stored already rounded to nearest TF32 by the kernel producing it
-(norm outputs, q'/k'/v, attention output, SiLU*up, and P inside attention): those
-operands are then exact in TF32 and carry an unbiased rounding error, which costs
-nothing. The weights are inputs and stay truncated by the hardware unless a tile config
-asks for ``round_b`` (rounding in the kernel: 1.7-2.2x slower at 8192 tokens, so off).
+* "tf32" (default): TF32 tensor cores, like torch's TF32 matmuls. A Hopper tensor core
+  reads a fp32 operand as TF32 by dropping its 13 low mantissa bits (truncation): every
+  operand shrinks towards zero and the bias adds up coherently over K (max abs 1.3e-2 on
+  the H200 with both operands truncated, failing the benchmark). So every activation that
+  feeds a product is stored already rounded to nearest TF32 by the kernel producing it
+  (norm outputs, q'/k'/v, attention output, SiLU*up, and P inside attention); the weights
+  are inputs and stay truncated by the hardware (``round_b`` tiles round them in the
+  kernel: 1.7-2.2x slower at 8192 tokens, so off).
+* "fp16": the activations that feed products are produced in fp16 by the previous
+  kernel's epilogue (round to nearest even), the fp32 weights are converted to fp16
+  inside the GEMMs (no converted copy is kept across calls), fp32 accumulation; flash
+  attention with fp16 q'/k'/v and P and fp32 scores and softmax statistics; residual adds
+  and norms in fp32. Values beyond fp16's range cannot be stored: the kernels watch for
+  them (a one-element flag, ``_kernels._watch``) and the call is then recomputed under
+  "tf32" (``FP16_FALLBACK``), so an overflow never reaches the output. The flag costs
+  one device-to-host read per fp16 call.
+  Measured on the H200 (2026-12-01, benchmarks/probes/qwen2vl_fp16_policy.md): 16/16
+  cases pass with a max abs error of 2.9-3.8e-3 (torch eager fp16: 3.5-5.0e-3; "tf32":
+  5.6-7.0e-3), but the suite mean is 4.95 ms against 4.72 for "tf32" (the fp16 GEMMs
+  convert the fp32 weights at about the TF32 rate), so "tf32" stays the default.
+* "tf32x3" (three TF32 products per dot, about fp32 accuracy) and "ieee" (exact fp32
+  FMA, slow): the accuracy references.
 
-GPU tiles come from a table measured on the H200 (``GPU_TABLE``); see
-benchmarks/notes_qwen2vl_decoder_layer.md for the numbers.
+Tile tables (``_plans.Tables``) are options, not code paths: ``options()`` gives the
+tables and the policy in force (``fuseval bench`` records them), ``variant(tables=...)``
+and ``with_tables(...)`` time another table, ``plan=`` passes a whole plan.
 
 Multimodal RoPE. cos/sin are [3, B, kv_seq_len, D] with kv_seq_len >= seq_len; token s
-of sequence b reads row s of its batch (the first seq_len rows: keys and values come only
-from this call's tokens). ``forward`` uses the benchmark's chunk layout (head-dim index d
-from position axis 0 for d < D/4, 1 below 5D/8, 2 above; SOL-ExecBench L2/019);
-``forward_hf_mrope`` uses HF Qwen2-VL's (the section (D/8, 3D/16, 3D/16) repeated for the
-two rotate_half halves, the operator's "hf_mrope" variant). One constexpr of the RoPE
-code picks the layout; everything else is shared.
+of sequence b reads row s of its batch (the first seq_len rows). ``forward`` uses the
+benchmark's chunk layout (head-dim index d from position axis 0 for d < D/4, 1 below
+5D/8, 2 above; SOL-ExecBench L2/019); ``forward_hf_mrope`` uses HF Qwen2-VL's (the
+section (D/8, 3D/16, 3D/16) repeated for the two rotate_half halves, the operator's
+"hf_mrope" variant). One constexpr of the RoPE code picks the layout.
 
-``forward.staged`` implements the stage-tap protocol (docs/developing.md): the
-same kernels, unfused where a stage boundary falls inside a fused kernel (plain QKV,
-then a RoPE kernel; gate/up, then a SwiGLU kernel), so every SPEC stage can be read or
-overridden. ``variant(mutant=...)`` builds deliberately broken versions for the tests.
+``forward.staged`` implements the stage-tap protocol (docs/developing.md): the same
+kernels, unfused where a stage boundary falls inside a fused kernel (plain QKV, then a
+RoPE kernel; gate/up, then a SwiGLU kernel), so every SPEC stage can be read or
+overridden. ``variant(mutant=name)`` builds the deliberately broken versions of
+``MUTANTS`` for the tests.
 
 On the CPU the kernels run under the Triton interpreter (set TRITON_INTERPRET=1 before
-triton is imported); there every dot is exact fp32.
+triton is imported); there every fp32 dot is exact, and fp16 operands are rounded as on
+the GPU.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import json
-import math
-import os
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, MutableMapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, MutableMapping, Sequence
 
 import torch
-from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
-import triton
 
-from . import _kernels as K
 from ...fast._graphs import GraphCache, tensor_key
+from ...precision import round_tf32
+from . import _plans
+from ._launch import (compile_only, interpreting, launch_attention, launch_gate_up, launch_mrope,
+                      launch_norm, launch_qkv, launch_residual_gemm, launch_swiglu)
+from ._plans import (MROPE_LAYOUTS, NAME, PRECISIONS, AttnConfig, GemmConfig, Plan, Shape, Tables,
+                     check_choice, plan_for)
 
-__all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "PRECISIONS", "MROPE_LAYOUTS",
-           "MUTANTS", "compile_only", "plan_for", "INPUT_NAMES"]
+__all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "MUTANTS",
+           "PRECISIONS", "DEFAULT_PRECISION", "MROPE_LAYOUTS", "STAGES", "options", "with_tables", "tables",
+           "tables_from_json", "shape_of", "plan_for", "compile_only", "Shape", "Plan", "GemmConfig",
+           "AttnConfig", "Tables", "launch_norm", "launch_qkv", "launch_mrope", "launch_attention",
+           "launch_residual_gemm", "launch_gate_up", "launch_swiglu", "FP16_FALLBACK", "forward_fp16",
+           "forward_tf32", "forward_hf_mrope_fp16", "forward_hf_mrope_tf32"]
 
-NAME = "qwen2vl_decoder_layer"
-PRECISIONS = ("tf32", "tf32x3", "ieee")
-# cos/sin chunk layouts: "sol" the benchmark's (forward), "hf" HF Qwen2-VL's (forward_hf_mrope)
-MROPE_LAYOUTS = ("sol", "hf")
-# Deliberately broken variants (tests): each plants one bug the check must catch.
-MUTANTS = (
-    "noncausal_attention",      # attention sees future keys
-    "kv_head_mod",              # query head i reads kv head i % Hkv instead of i // G
-    "mrope_wrong_axis",         # cos/sin chunks taken from the next position axis
-    "mrope_layout_swapped",     # the other chunk layout: HF's under forward, the benchmark's under
-                                # forward_hf_mrope
-    "mrope_last_rows",          # the last seq_len rows of cos/sin instead of the first (visible only
-                                # when kv_seq_len > seq_len)
-    "missing_residual",         # x1 = attn Wo^T (x not added)
-    "missing_final_residual",   # out = m (x1 not added)
-    "eps_outside_sqrt",         # x / (sqrt(mean x^2) + eps) in both norms
-    "silu_on_up",               # g * silu(u) instead of silu(g) * u
-)
-INPUT_NAMES = ("hidden_states", "input_layernorm_weight", "q_proj_weight", "q_proj_bias",
-               "k_proj_weight", "k_proj_bias", "v_proj_weight", "v_proj_bias", "o_proj_weight",
-               "rope_cos", "rope_sin", "post_attention_layernorm_weight", "gate_proj_weight",
-               "up_proj_weight", "down_proj_weight", "rms_norm_eps")
-LOG2E = 1.4426950408889634
+DEFAULT_PRECISION = "tf32"
 
-
-# --------------------------------------------------------------------------- input checks
-@dataclass(frozen=True)
-class Shape:
-    B: int
-    S: int
-    H: int
-    Hq: int
-    Hkv: int
-    D: int
-    I: int
-
-    @property
-    def M(self) -> int:
-        return self.B * self.S
-
-    @property
-    def QD(self) -> int:
-        return self.Hq * self.D
-
-    @property
-    def KD(self) -> int:
-        return self.Hkv * self.D
-
-    @property
-    def G(self) -> int:
-        return self.Hq // self.Hkv
-
-    @property
-    def S_pad(self) -> int:
-        """Row length of the transposed V buffer: a multiple of 16 keeps every row 64-byte aligned."""
-        return -(-self.S // 16) * 16
-
-
-def _fail(name: str, expected: str, got: Any) -> None:
-    raise ValueError(f"{NAME} (fast): input {name!r} must be {expected}, got {got}")
-
-
-def _shape_of(inputs: Sequence[Any]) -> Shape:
-    """Validate the 16 inputs cheaply (this runs on every call) and read the axes."""
-    if len(inputs) != len(INPUT_NAMES):
-        raise ValueError(f"{NAME} (fast): expected {len(INPUT_NAMES)} inputs "
-                         f"({', '.join(INPUT_NAMES)}), got {len(inputs)}")
-    x = inputs[0]
-    if not isinstance(x, torch.Tensor) or x.dim() != 3:
-        _fail("hidden_states", "a 3-D tensor [batch_size, seq_len, hidden_size]",
-              tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__)
-    for name, t in zip(INPUT_NAMES[:-1], inputs[:-1]):
-        if not isinstance(t, torch.Tensor):
-            _fail(name, "a torch.Tensor", type(t).__name__)
-        if t.dtype != torch.float32:
-            _fail(name, "float32", t.dtype)
-        if t.device != x.device:
-            _fail(name, f"on {x.device} like hidden_states", t.device)
-    eps = inputs[-1]
-    if isinstance(eps, torch.Tensor):
-        if eps.numel() != 1:
-            _fail("rms_norm_eps", "a scalar", f"a tensor of shape {tuple(eps.shape)}")
-    elif not isinstance(eps, (int, float)):
-        _fail("rms_norm_eps", "a Python float", type(eps).__name__)
-    B, S, H = x.shape
-    cos, sin = inputs[9], inputs[10]
-    if cos.dim() != 4 or cos.shape[0] != 3 or cos.shape[1] != B:
-        _fail("rope_cos", f"[3, batch_size={B}, kv_seq_len, head_dim]", tuple(cos.shape))
-    if cos.shape[2] < S:
-        raise ValueError(f"{NAME} (fast): rope_cos has kv_seq_len={cos.shape[2]} rows, fewer than "
-                         f"hidden_states' seq_len={S} (the layer uses the first seq_len rows)")
-    D = cos.shape[3]
-    if D < 16 or D & (D - 1):
-        _fail("rope_cos", "a head_dim that is a power of two >= 16 (this fast path)", D)
-    if tuple(sin.shape) != tuple(cos.shape):
-        _fail("rope_sin", f"the shape of rope_cos {tuple(cos.shape)}", tuple(sin.shape))
-    qw, kw = inputs[2], inputs[4]
-    if qw.dim() != 2 or qw.shape[1] != H or qw.shape[0] % D:
-        _fail("q_proj_weight", f"[num_heads*{D}, hidden_size={H}]", tuple(qw.shape))
-    if kw.dim() != 2 or kw.shape[1] != H or kw.shape[0] % D:
-        _fail("k_proj_weight", f"[num_kv_heads*{D}, hidden_size={H}]", tuple(kw.shape))
-    Hq, Hkv = qw.shape[0] // D, kw.shape[0] // D
-    if Hkv == 0 or Hq % Hkv:
-        _fail("q_proj_weight", f"a number of heads divisible by num_kv_heads={Hkv}", Hq)
-    I = inputs[12].shape[0] if inputs[12].dim() == 2 else -1
-    QD, KD = Hq * D, Hkv * D
-    expected = {
-        "input_layernorm_weight": (H,), "q_proj_bias": (QD,), "k_proj_bias": (KD,),
-        "v_proj_weight": (KD, H), "v_proj_bias": (KD,), "o_proj_weight": (H, QD),
-        "post_attention_layernorm_weight": (H,), "gate_proj_weight": (I, H),
-        "up_proj_weight": (I, H), "down_proj_weight": (H, I),
-    }
-    for name, t in zip(INPUT_NAMES, inputs):
-        if name in expected and tuple(t.shape) != expected[name]:
-            _fail(name, f"of shape {list(expected[name])}", list(t.shape))
-    if I <= 0:
-        _fail("gate_proj_weight", "[intermediate_size, hidden_size]", tuple(inputs[12].shape))
-    return Shape(B, S, H, Hq, Hkv, D, I)
-
-
-def _interpreting() -> bool:
-    from triton.runtime.interpreter import InterpretedFunction
-    return isinstance(K.rms_norm_kernel, InterpretedFunction)
-
-
-# --------------------------------------------------------------------------- launch configs
-@dataclass(frozen=True)
-class GemmConfig:
-    BM: int
-    BN: int          # per accumulator (gate_up: each of g and u; qkv: unused, heads per tile * head_dim)
-    BK: int
-    num_warps: int
-    num_stages: int
-    use_tma: bool = False          # tiles fetched by TMA descriptors instead of pointer loads
-    persistent: bool = False       # one program per SM walking the tiles (implies TMA)
-    warp_specialize: bool = False  # persistent only: Triton's producer/consumer warp split
-    round_b: bool = False          # round the weight tiles to TF32 in the kernel (see _round_tf32)
-    GROUP_M: int = 8
-    split_k: int = 1               # residual GEMMs: K slices summed by a second kernel (small M)
-    gluon: bool = False            # sm_90, "tf32": the warp-specialized Gluon kernel (operators/qwen2vl_decoder_layer/_gluon.py)
-
-
-@dataclass(frozen=True)
-class AttnConfig:
-    BM: int
-    BN: int
-    num_warps: int
-    num_stages: int
-    use_tma: bool = False          # K and V tiles fetched by TMA descriptors
-    gluon: bool = False            # sm_90, "tf32": the Gluon kernel (operators/qwen2vl_decoder_layer/_gluon.py), products
-                                   # overlapped with the softmax
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything a call needs besides the tensors: tile shapes and precision."""
-    qkv: GemmConfig
-    qkv_heads_per_tile: int
-    o_proj: GemmConfig
-    gate_up: GemmConfig
-    down: GemmConfig
-    attention: AttnConfig
-    norm_rows: int
-    norm_warps: int
-    precision: str
-    attention_precision: str
-    mrope_layout: str = "sol"
-
-    @property
-    def hf_layout(self) -> bool:
-        """Whether the RoPE kernels use HF's cos/sin chunk layout (else the benchmark's)."""
-        return self.mrope_layout == "hf"
-
-    @property
-    def round_act(self) -> bool:
-        """Store GEMM input activations rounded to TF32 (only under the "tf32" policy)."""
-        return self.precision == "tf32"
-
-    @property
-    def round_attn(self) -> bool:
-        """Store q, k, v and round P to TF32 (only when attention runs in "tf32")."""
-        return self.attention_precision == "tf32"
-
-
-G = GemmConfig
-# Measured on one H200 (benchmarks/qwen2vl_breakdown.py --phases explore, which writes this
-# table as gpu_table.json; see benchmarks/notes_qwen2vl_decoder_layer.md): the fastest
-# tile of each kernel at M = 128, 512, 1024, 2048, 3072, 4096 and 8192 tokens; a call
-# takes the nearest size (log scale). Small M needs small tiles to occupy the 132 SMs
-# (and split-K for the 18944-long K of the down projection at 128 tokens); large M wants
-# 128 x 256 tiles with TMA. ``gluon=True`` rows run the warp-specialized Gluon kernel
-# (operators/qwen2vl_decoder_layer/_gluon.py): it wins for the residual GEMMs from 1024-2048 tokens up (5-8%
-# at 8192), while the Triton persistent kernel stays ahead for gate/up above 1024.
-# QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
-GPU_TABLE: dict[str, dict[int, Any]] = {
-    "qkv": {128: (1, G(64, 0, 32, 4, 4)), 512: (1, G(64, 0, 32, 4, 4, True)), 1024: (1, G(128, 0, 32, 8, 4, True)),
-            2048: (2, G(128, 0, 32, 8, 4, True)), 3072: (1, G(128, 0, 32, 8, 4, True)),
-            4096: (2, G(128, 0, 32, 8, 4, True)), 8192: (2, G(128, 0, 32, 8, 4, True))},
-    "o_proj": {128: G(64, 64, 32, 4, 4, True, split_k=2), 512: G(64, 128, 32, 4, 4), 1024: G(128, 256, 32, 8, 4, True),
-               **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (2048, 3072, 4096, 8192)}},
-    "gate_up": {128: G(64, 128, 32, 4, 5, True), 512: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
-                1024: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
-                **{m: G(128, 128, 32, 8, 3, True, True, True, GROUP_M=16) for m in (2048, 3072, 4096, 8192)}},
-    "down": {128: G(64, 128, 32, 4, 4, True, split_k=4), 512: G(128, 128, 32, 8, 4, GROUP_M=16, gluon=True),
-             1024: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True), 2048: G(128, 256, 32, 8, 3, True, True, True),
-             **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (3072, 4096, 8192)}},
+# Deliberately broken variants (tests): name -> the one bug it plants.
+MUTANTS: dict[str, str] = {
+    "noncausal_attention": "attention sees future keys",
+    "kv_head_mod": "query head i reads kv head i % Hkv instead of i // G",
+    "mrope_wrong_axis": "cos/sin chunks taken from the next position axis",
+    "mrope_layout_swapped": "the other chunk layout: HF's under forward, the benchmark's under forward_hf_mrope",
+    "mrope_last_rows": "the last seq_len rows of cos/sin instead of the first (visible when kv_seq_len > seq_len)",
+    "missing_residual": "x1 = attn Wo^T (x not added)",
+    "missing_final_residual": "out = m (x1 not added)",
+    "eps_outside_sqrt": "x / (sqrt(mean x^2) + eps) in both norms (visible when mean x^2 is near eps)",
+    "silu_on_up": "g * silu(u) instead of silu(g) * u",
+    "fp16_overflow_kept": "fp16 policy: values beyond fp16 range are kept (inf), no TF32 recomputation "
+                          "(visible only with such values under precision='fp16')",
 }
-# Attention by seq_len. The Gluon kernel (gluon=True) where it measured faster than Triton's
-# in benchmarks/probe_qwen2vl_attention.py: 64 x 32 tiles at 64 x 128 tokens (0.118 vs
-# 0.125 ms), 64 x 64 tiles with one K/V slot (two programs per SM) from 1571 tokens
-# (8192: 1.819 vs 1.875 ms; 4096: 0.472 vs 0.498).
-GPU_ATTENTION = {128: AttnConfig(64, 32, 4, 2, gluon=True), 373: AttnConfig(64, 32, 4, 2, True),
-                 1571: AttnConfig(64, 64, 4, 1, gluon=True), 8192: AttnConfig(64, 64, 4, 1, gluon=True)}
-TABLE_ENV = "FUSEVAL_QWEN2VL_TABLE"    # path of a JSON tile table (benchmarks/qwen2vl_breakdown.py writes one)
+STAGES = ("input_norm", "qkv_proj", "mrope", "attention", "o_proj", "post_norm", "gate_up", "act",
+          "down", "residual")
+FP16_MAX = 65504.0
 
 
-@functools.lru_cache(maxsize=4)
-def _table_from_file(path: str) -> tuple[dict, dict]:
-    """(GPU_TABLE, GPU_ATTENTION) from a JSON file {kind: {size: {"config": {...},
-    "heads_per_tile": n}}}: sizes are token counts, for "attention" sequence lengths."""
-    with open(path) as f:
-        raw = json.load(f)
-    table: dict[str, dict[int, Any]] = {}
-    for kind, rows in raw.items():
-        if kind == "attention":
-            continue
-        table[kind] = {}
-        for size, entry in rows.items():
-            cfg = GemmConfig(**entry["config"])
-            table[kind][int(size)] = (entry["heads_per_tile"], cfg) if kind == "qkv" else cfg
-    attention = {int(size): AttnConfig(**entry["config"]) for size, entry in raw.get("attention", {}).items()}
-    missing = {"qkv", "o_proj", "gate_up", "down"} - set(table)
-    if missing or not attention:
-        raise ValueError(f"{NAME} (fast): {TABLE_ENV}={path} lacks {sorted(missing) or ['attention']}")
-    return table, attention
+class _Fallbacks:
+    """How many fp16 calls were recomputed under TF32 (out-of-range values seen)."""
+
+    def __init__(self):
+        self.count = 0
 
 
-def _gpu_tables() -> tuple[dict, dict]:
-    path = os.environ.get(TABLE_ENV)
-    return _table_from_file(path) if path else (GPU_TABLE, GPU_ATTENTION)
+FP16_FALLBACK = _Fallbacks()
 
 
-# Policies other than "tf32" need more shared memory per stage (tf32x3 splits operands)
-# or run on CUDA cores (ieee): modest tiles that fit.
-GPU_SAFE = dict(qkv=G(64, 64, 32, 4, 2), qkv_heads_per_tile=1, o_proj=G(64, 128, 32, 4, 2),
-                gate_up=G(64, 64, 32, 4, 2), down=G(64, 128, 32, 4, 2),
-                attention=AttnConfig(64, 32, 4, 1))
-# Under the interpreter: few, small programs (CPU time is per program and per op).
-CPU_GEMM = GemmConfig(32, 32, 32, 4, 1)
-CPU_ATTENTION = AttnConfig(32, 16, 4, 1)
-del G
+# --------------------------------------------------------------------------- options
+def options() -> dict[str, Any]:
+    """The options in force, JSON-able (``fuseval bench`` records them): the default
+    precision policy, the policies, the tile tables of the "tf32" and "fp16" policies
+    (``with_tables`` changes them), the CUDA-graph threshold, what happens to values
+    beyond fp16 range, and how many calls took that fallback so far."""
+    return {
+        "precision": DEFAULT_PRECISION,
+        "attention_precision": DEFAULT_PRECISION,
+        "precisions": list(PRECISIONS),
+        "tables": {p: {"source": tables(p).source, **tables(p).to_json()} for p in ("tf32", "fp16")},
+        "tables_other_policies": "tf32x3 and ieee: the tf32 table's sizes with small tiles (GPU_SAFE)",
+        "graph_max_tokens": GRAPH_MAX_TOKENS,
+        "fp16_out_of_range": "the call is recomputed under tf32",
+        "fp16_fallback_calls": FP16_FALLBACK.count,
+    }
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+def tables(precision: str = "tf32") -> Tables:
+    """The tile tables in force for policy "tf32" or "fp16" (``with_tables`` replaces them)."""
+    check_choice("precision", precision, ("tf32", "fp16"))
+    return _plans.IN_FORCE.get(precision)
 
 
-def _persistent_programs(t: torch.Tensor) -> int:
-    """How many programs a persistent kernel starts: one per SM on the GPU; a few under the
-    interpreter, and in compile-only launches (where the grid does not enter the code)."""
-    if t.device.type != "cuda":
-        return 4
-    return _sm_count(t.device.index if t.device.index is not None else torch.cuda.current_device())
-
-
-def _nearest(table: Mapping[int, Any], size: int) -> Any:
-    return table[min(table, key=lambda k: abs(math.log(k / max(size, 1))))]
-
-
-def _heads_per_tile(sh: Shape, want: int) -> int:
-    """Largest power of two <= want dividing both head counts (tiles never straddle q/k/v)."""
-    hpt = 1
-    while hpt * 2 <= want and sh.Hq % (hpt * 2) == 0 and sh.Hkv % (hpt * 2) == 0:
-        hpt *= 2
-    return hpt
-
-
-def plan_for(sh: Shape, device: torch.device, precision: str = "tf32",
-             attention_precision: str | None = None,
-             tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> Plan:
-    """Tile shapes for one call. ``tuning`` overrides entries ({"o_proj": GemmConfig, ...,
-    "qkv_heads_per_tile": int}); the benchmark uses it to time variants. ``mrope_layout``:
-    one of MROPE_LAYOUTS (part of the plan, so CUDA graphs of the two layouts never mix)."""
-    if mrope_layout not in MROPE_LAYOUTS:
-        raise ValueError(f"{NAME} (fast): mrope_layout must be one of {MROPE_LAYOUTS}, got {mrope_layout!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
-    attention_precision = attention_precision or precision
-    if attention_precision not in PRECISIONS:
-        raise ValueError(f"{NAME} (fast): attention_precision must be one of {PRECISIONS}, "
-                         f"got {attention_precision!r}")
-    M = sh.M
-    if device.type == "cuda" and not _interpreting():
-        table, attention = _gpu_tables()
-        hpt, qkv = _nearest(table["qkv"], M)
-        plan = dict(qkv=qkv, qkv_heads_per_tile=_heads_per_tile(sh, hpt),
-                    o_proj=_nearest(table["o_proj"], M), gate_up=_nearest(table["gate_up"], M),
-                    down=_nearest(table["down"], M), attention=_nearest(attention, sh.S),
-                    norm_rows=1, norm_warps=8 if sh.H >= 2048 else 4)
-        if precision != "tf32":
-            plan.update({k: v for k, v in GPU_SAFE.items() if k != "attention"})
-            plan["qkv_heads_per_tile"] = _heads_per_tile(sh, GPU_SAFE["qkv_heads_per_tile"])
-        if attention_precision != "tf32":
-            plan["attention"] = GPU_SAFE["attention"]
-    else:
-        plan = dict(qkv=CPU_GEMM, qkv_heads_per_tile=_heads_per_tile(sh, 2), o_proj=CPU_GEMM,
-                    gate_up=CPU_GEMM, down=CPU_GEMM, attention=CPU_ATTENTION, norm_rows=16,
-                    norm_warps=4)
-    plan.update(tuning or {})
-    plan["qkv_heads_per_tile"] = _heads_per_tile(sh, plan["qkv_heads_per_tile"])
-    return Plan(precision=precision, attention_precision=attention_precision, mrope_layout=mrope_layout, **plan)
-
-
-# --------------------------------------------------------------------------- launching
-_COMPILE_ONLY = [False]
+def tables_from_json(source: str | Mapping[str, Any]) -> Tables:
+    """Tables from the JSON that ``Tables.to_json`` (and benchmarks/qwen2vl_breakdown.py)
+    writes: a dict, or the path of a file holding one."""
+    if isinstance(source, Mapping):
+        return Tables.from_json(source)
+    with open(source) as f:
+        return Tables.from_json(json.load(f), source=str(source))
 
 
 @contextlib.contextmanager
-def compile_only():
-    """Inside this block the launchers compile their kernels (``kernel.warmup``) without
-    running them: a benchmark can fill Triton's cache from several processes at once."""
-    _COMPILE_ONLY[0] = True
+def with_tables(tables: Tables | Mapping[str, Any] | str, precision: str = "tf32") -> Iterator[Tables]:
+    """Within the block, calls under policy ``precision`` that name no tables use
+    ``tables`` (a Tables, its JSON dict or a JSON file's path)."""
+    check_choice("precision", precision, ("tf32", "fp16"))
+    chosen = tables if isinstance(tables, Tables) else tables_from_json(tables)
+    before = _plans.IN_FORCE.by_policy.get(precision)
+    _plans.IN_FORCE.by_policy[precision] = chosen
     try:
-        yield
+        yield chosen
     finally:
-        _COMPILE_ONLY[0] = False
+        if before is None:
+            _plans.IN_FORCE.by_policy.pop(precision, None)
+        else:
+            _plans.IN_FORCE.by_policy[precision] = before
 
 
-def _launch(kernel, grid, *args, **meta) -> None:
-    if _COMPILE_ONLY[0]:
-        kernel.warmup(*args, grid=grid, **meta)
-    else:
-        kernel[grid](*args, **meta)
+# --------------------------------------------------------------------------- inputs
+@functools.lru_cache(maxsize=1)
+def _definition():
+    from ...definitions import load
+    return load(NAME)
 
 
-def _even(k: int, bk: int) -> bool:
-    return k % bk == 0
+_SHAPES: dict[tuple, Shape] = {}
 
 
-def _descriptor(t: torch.Tensor, block: list[int]):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-    return TensorDescriptor.from_tensor(t, block)
+def _signature(inputs: Sequence[Any]) -> tuple:
+    return tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else type(v)
+                 for v in inputs)
 
 
-def launch_norm(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, eps: float, plan: Plan,
-                mutant: str | None = None) -> torch.Tensor:
-    M, H = x.shape
-    rows = plan.norm_rows
-    _launch(K.rms_norm_kernel, (triton.cdiv(M, rows),), x, w, out, M, H, x.stride(0), out.stride(0),
-            float(eps), BLOCK_H=triton.next_power_of_2(H), ROWS=rows, ROUND_OUT=plan.round_act,
-            MUT_EPS_OUTSIDE=mutant == "eps_outside_sqrt", num_warps=plan.norm_warps)
-    return out
+def shape_of(inputs: Sequence[Any]) -> Shape:
+    """The axes of a call, validated against the operator's definition by
+    ``fuseval.validate.bind_axes`` (shapes, dtypes, devices, constraints; values are not
+    scanned), once per signature (shapes, dtypes and devices of the 16 inputs)."""
+    key = _signature(inputs)
+    sh = _SHAPES.get(key)
+    if sh is None:
+        from ...validate import bind_axes
+        a = bind_axes(_definition(), inputs, check_values=False)
+        D = a["head_dim"]
+        if D < 16 or D & (D - 1):
+            raise ValueError(f"{NAME} (fast): input 'rope_cos' must have a head_dim (last dim) that is a power "
+                             f"of two >= 16 for this fast path, got {D}")
+        sh = Shape(a["batch_size"], a["seq_len"], a["hidden_size"], a["num_heads"], a["num_kv_heads"], D,
+                   a["intermediate_size"])
+        if len(_SHAPES) >= 256:
+            _SHAPES.clear()
+        _SHAPES[key] = sh
+    return sh
 
 
-def _hf_layout(plan: Plan, mutant: str | None) -> bool:
-    """The RoPE kernels' HF_LAYOUT flag: the plan's layout, swapped by the mutant."""
-    return plan.hf_layout != (mutant == "mrope_layout_swapped")
+def _prepare(inputs: Sequence[Any]):
+    sh = shape_of(inputs)
+    if inputs[0].device.type == "cpu" and not interpreting():
+        raise ValueError(f"{NAME} (fast): inputs are on the CPU but Triton is not in interpreter mode; "
+                         "set TRITON_INTERPRET=1 before triton is imported, or pass CUDA tensors")
+    return sh, [t.contiguous() for t in inputs[:-1]], float(inputs[-1])
 
 
-def _rope_tables(cos: torch.Tensor, sin: torch.Tensor) -> None:
-    """The RoPE kernels index cos/sin as contiguous [3, B, kv_seq_len, D] tables of equal shape."""
-    if not (cos.is_contiguous() and sin.is_contiguous() and cos.shape == sin.shape):
-        raise ValueError(f"{NAME} (fast): rope_cos and rope_sin must be contiguous tables of one shape")
+def _plan(sh: Shape, device: torch.device, opts: Mapping[str, Any]) -> Plan:
+    if opts.get("plan") is not None:
+        return opts["plan"]
+    return plan_for(sh, device, opts["precision"], opts["attention_precision"], opts["tuning"],
+                    opts["mrope_layout"], tables=opts["tables"], compiled=not interpreting())
 
 
-def launch_qkv(h: torch.Tensor, w: Sequence[torch.Tensor], cos: torch.Tensor, sin: torch.Tensor,
-               sh: Shape, plan: Plan, out: torch.Tensor, vt: torch.Tensor | None, *, fused: bool,
-               mutant: str | None = None) -> None:
-    """fused: RoPE'd [q|k] into ``out`` ([M, QD+KD]) and v into ``vt``; else plain [q|k|v].
-    cos/sin: [3, B, kv_seq_len >= S, D], contiguous; the first S rows are used."""
-    _rope_tables(cos, sin)
-    c, hpt = plan.qkv, plan.qkv_heads_per_tile
-    wq, bq, wk, bk, wv, bv = w
-    M = sh.M
-    bn = hpt * sh.D
-    if c.use_tma:
-        x_arg = _descriptor(h, [c.BM, c.BK])
-        wq, wk, wv = (_descriptor(t, [bn, c.BK]) for t in (wq, wk, wv))
-    else:
-        x_arg = h
-    vt_arg = vt if vt is not None else out
-    vs = vt.stride() if vt is not None else (0, 0, 0, 0)
-    grid = (triton.cdiv(M, c.BM) * ((sh.QD + 2 * sh.KD) // bn),)
-    _launch(K.qkv_rope_kernel, grid, x_arg, wq, wk, wv, bq, bk, bv, cos, sin, out, vt_arg, M, sh.S, sh.H,
-            h.stride(0), out.stride(0), cos.stride(0), cos.stride(1), vs[0], vs[1], vs[2],
-            QD=sh.QD, KD=sh.KD, D=sh.D, HPT=hpt, BM=c.BM, BK=c.BK, GROUP_M=c.GROUP_M,
-            EVEN_K=_even(sh.H, c.BK), PREC=plan.precision, USE_TMA=c.use_tma,
-            ROUND_B=c.round_b and plan.round_act, FUSED=fused,
-            ROUND_OUT=fused and plan.round_attn, HF_LAYOUT=_hf_layout(plan, mutant),
-            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", MUT_LAST_ROWS=mutant == "mrope_last_rows",
-            num_warps=c.num_warps, num_stages=c.num_stages)
-
-
-def launch_mrope(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, sh: Shape, out: torch.Tensor,
-                 plan: Plan, mutant: str | None = None) -> torch.Tensor:
-    _rope_tables(cos, sin)
-    bm = 32
-    _launch(K.mrope_kernel, (triton.cdiv(sh.M, bm), sh.Hq + sh.Hkv), qkv, cos, sin, out, sh.M, sh.S,
-            qkv.stride(0), out.stride(0), cos.stride(0), cos.stride(1), D=sh.D, BM=bm,
-            ROUND_OUT=plan.round_attn, HF_LAYOUT=_hf_layout(plan, mutant),
-            MUT_WRONG_AXIS=mutant == "mrope_wrong_axis", MUT_LAST_ROWS=mutant == "mrope_last_rows",
-            num_warps=4)
-    return out
-
-
-def launch_attention(qk: torch.Tensor, vt: torch.Tensor, out: torch.Tensor, sh: Shape, plan: Plan,
-                     mutant: str | None = None) -> torch.Tensor:
-    c = plan.attention
-    if _gluon_applies(c, qk, plan.attention_precision, mutant):
-        from . import _gluon as _qwen2vl_gluon
-        _qwen2vl_gluon.launch_attention(qk, vt, out, S=sh.S, B=sh.B, HKV=sh.Hkv, G=sh.G, QD=sh.QD, D=sh.D,
-                                        qk_scale=LOG2E / math.sqrt(sh.D), block_m=c.BM, block_n=c.BN,
-                                        stages=c.num_stages, round_p=plan.round_attn, round_out=plan.round_act,
-                                        num_warps=c.num_warps, compile_only=_COMPILE_ONLY[0])
-        return out
-    grid = (triton.cdiv(sh.S * sh.G, c.BM), sh.B * sh.Hkv)
-    if c.use_tma:
-        from triton.tools.tensor_descriptor import TensorDescriptor
-        k_src = TensorDescriptor.from_tensor(qk, [c.BN, sh.D])
-        # V^T seen as [B*Hkv*D, S] with row stride S_pad: keys >= S read as zeros, never
-        # the padding columns (which nobody writes)
-        vt_src = TensorDescriptor(vt, [sh.B * sh.Hkv * sh.D, sh.S], [vt.stride(2), 1], [sh.D, c.BN])
-    else:
-        k_src, vt_src = qk, vt
-    _launch(K.attention_kernel, grid, qk, k_src, vt_src, out, sh.S, qk.stride(0), out.stride(0), vt.stride(0),
-            vt.stride(1), vt.stride(2), LOG2E / math.sqrt(sh.D),
-            QD=sh.QD, G=sh.G, HKV=sh.Hkv, D=sh.D, BM=c.BM, BN=c.BN, PREC=plan.attention_precision,
-            ROUND_P=plan.round_attn, ROUND_OUT=plan.round_act, USE_TMA=c.use_tma,
-            MUT_NONCAUSAL=mutant == "noncausal_attention", MUT_KV_MOD=mutant == "kv_head_mod",
-            num_warps=c.num_warps, num_stages=c.num_stages)
-    return out
-
-
-def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, gate_up: bool,
-                       round_out: bool = False, mutant: str | None = None) -> None:
-    M, Kd = a.shape
-    N = b1.shape[0]
-    tiles = triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN)
-    n_prog = min(tiles, _persistent_programs(a))
-    a_d, b1_d = _descriptor(a, [c.BM, c.BK]), _descriptor(b1, [c.BN, c.BK])
-    b2_d = _descriptor(b2, [c.BN, c.BK]) if b2 is not None else b1_d
-    res_arg = res if res is not None else out
-    _launch(K.gemm_persistent_kernel, (n_prog,), a_d, b1_d, b2_d, res_arg, out, M, N, Kd, res_arg.stride(0),
-            out.stride(0), n_prog, BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, PREC=precision,
-            WARP_SPECIALIZE=c.warp_specialize, GATE_UP=gate_up, ROUND_B=c.round_b and precision == "tf32",
-            ADD_RESIDUAL=res is not None, ROUND_OUT=round_out, MUT_SILU_ON_UP=mutant == "silu_on_up",
-            num_warps=c.num_warps, num_stages=c.num_stages)
-
-
-def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
-    from . import _gluon as _qwen2vl_gluon
-    _qwen2vl_gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
-                          group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_persistent_programs(a),
-                          gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])
-
-
-def _gluon_applies(c: GemmConfig | AttnConfig, a: torch.Tensor, precision: str, mutant: str | None = None) -> bool:
-    """The Gluon kernels (GEMM and attention) cover production TF32 calls on the GPU; the
-    rest runs in Triton."""
-    return c.gluon and precision == "tf32" and mutant is None and _on_gpu_or_compiling(a)
-
-
-def _on_gpu_or_compiling(t: torch.Tensor) -> bool:
-    """Whether a Gluon (sm_90) kernel may run: a compiled (not interpreted) launch on a
-    Hopper GPU, or a compile-only one (which ``benchmarks/sm90_compile.py`` runs with CPU
-    tensors on a machine without a GPU). Elsewhere the Triton kernels take the call."""
-    if _interpreting():
-        return False
-    if t.device.type == "cuda":
-        return _capability(t.device.index if t.device.index is not None else torch.cuda.current_device())[0] == 9
-    return _COMPILE_ONLY[0]
-
-
-@functools.lru_cache(maxsize=None)
-def _capability(index: int) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(index)
-
-
-def launch_residual_gemm(a: torch.Tensor, w: torch.Tensor, res: torch.Tensor | None, out: torch.Tensor,
-                         c: GemmConfig, precision: str) -> torch.Tensor:
-    """out = (res +) a w^T; with ``c.split_k`` > 1 the K axis is cut into that many slices
-    whose partial products are summed (with the residual) by a second, small kernel."""
-    if _gluon_applies(c, a, precision):
-        _launch_gluon(a, w, None, res, out, c, gate_up=False)
-        return out
-    if c.persistent:
-        _launch_persistent(a, w, None, res, out, c, precision, gate_up=False)
-        return out
-    M, Kd = a.shape
-    N = w.shape[0]
-    if c.use_tma:
-        a_arg, w_arg = _descriptor(a, [c.BM, c.BK]), _descriptor(w, [c.BN, c.BK])
-    else:
-        a_arg, w_arg = a, w
-    splits = max(1, min(c.split_k, triton.cdiv(Kd, c.BK)))
-    k_per_split = triton.cdiv(triton.cdiv(Kd, splits), c.BK) * c.BK
-    splits = triton.cdiv(Kd, k_per_split)
-    if splits > 1 and ((res is not None and res.stride(0) != N) or out.stride(0) != N):
-        raise ValueError(f"{NAME} (fast): split-K needs contiguous residual and output rows")
-    part = out if splits == 1 else torch.empty(splits, M, N, device=out.device, dtype=torch.float32)
-    res_arg = res if res is not None else out
-    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN), splits)
-    _launch(K.gemm_residual_kernel, grid, a_arg, w_arg, res_arg, part, M, N, Kd, a.stride(0), w.stride(0),
-            res_arg.stride(0), N if splits > 1 else out.stride(0), k_per_split,
-            BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M,
-            EVEN_K=_even(Kd, c.BK), PREC=precision, USE_TMA=c.use_tma, ROUND_B=c.round_b and precision == "tf32",
-            ADD_RESIDUAL=res is not None and splits == 1, num_warps=c.num_warps, num_stages=c.num_stages)
-    if splits > 1:
-        block = 1024
-        _launch(K.splitk_reduce_kernel, (triton.cdiv(M * N, block),), part, res_arg, out, M, N,
-                SPLITS=splits, BLOCK=block, ADD_RESIDUAL=res is not None, num_warps=4)
-    return out
-
-
-def launch_gate_up(a: torch.Tensor, wg: torch.Tensor, wu: torch.Tensor, out: torch.Tensor, c: GemmConfig,
-                   precision: str, *, fuse_act: bool, round_out: bool = False,
-                   mutant: str | None = None) -> torch.Tensor:
-    """fuse_act: out = silu(a wg^T) * (a wu^T) ([M, I]; ``round_out``: TF32-rounded);
-    otherwise out = [a wg^T | a wu^T] ([M, 2I])."""
-    if fuse_act and _gluon_applies(c, a, precision, mutant):
-        _launch_gluon(a, wg, wu, None, out, c, gate_up=True, round_out=round_out)
-        return out
-    if c.persistent and fuse_act:
-        _launch_persistent(a, wg, wu, None, out, c, precision, gate_up=True, round_out=round_out,
-                           mutant=mutant)
-        return out
-    M, Kd = a.shape
-    N = wg.shape[0]
-    if c.use_tma or c.persistent:
-        a_arg = _descriptor(a, [c.BM, c.BK])
-        g_arg, u_arg = _descriptor(wg, [c.BN, c.BK]), _descriptor(wu, [c.BN, c.BK])
-    else:
-        a_arg, g_arg, u_arg = a, wg, wu
-    grid = (triton.cdiv(M, c.BM) * triton.cdiv(N, c.BN),)
-    _launch(K.gate_up_kernel, grid, a_arg, g_arg, u_arg, out, M, N, Kd, a.stride(0), wg.stride(0),
-            out.stride(0), BM=c.BM, BN=c.BN, BK=c.BK, GROUP_M=c.GROUP_M, EVEN_K=_even(Kd, c.BK),
-            PREC=precision, USE_TMA=c.use_tma or c.persistent, ROUND_B=c.round_b and precision == "tf32",
-            FUSE_ACT=fuse_act,
-            ROUND_OUT=round_out, MUT_SILU_ON_UP=mutant == "silu_on_up",
-            num_warps=c.num_warps, num_stages=c.num_stages)
-    return out
-
-
-def launch_swiglu(gu: torch.Tensor, out: torch.Tensor, plan: Plan, mutant: str | None = None) -> torch.Tensor:
-    M, N = out.shape
-    bm, bn = 32, 64
-    _launch(K.swiglu_kernel, (triton.cdiv(M, bm), triton.cdiv(N, bn)), gu, out, M, N, gu.stride(0),
-            out.stride(0), BM=bm, BN=bn, ROUND_OUT=plan.round_act, MUT_SILU_ON_UP=mutant == "silu_on_up",
-            num_warps=4)
-    return out
+def _tf32_fallback(plan: Plan, sh: Shape, device: torch.device) -> Plan:
+    """The plan an fp16 call is recomputed with: "fp16" parts under "tf32", same layout."""
+    swap = lambda p: "tf32" if p == "fp16" else p
+    return plan_for(sh, device, swap(plan.precision), swap(plan.attention_precision),
+                    mrope_layout=plan.mrope_layout, compiled=not interpreting())
 
 
 # --------------------------------------------------------------------------- the layer
-def _prepare(inputs: Sequence[Any]):
-    sh = _shape_of(inputs)
-    x = inputs[0]
-    if x.device.type == "cpu" and not _interpreting():
-        raise ValueError(f"{NAME} (fast): inputs are on the CPU but Triton is not in interpreter mode; "
-                         "set TRITON_INTERPRET=1 before triton is imported, or pass CUDA tensors")
-    tensors = [t.contiguous() for t in inputs[:-1]]
-    eps = float(inputs[-1])
-    return sh, tensors, eps
-
-
 # Calls of at most this many tokens are replayed from CUDA graphs (fuseval.fast._graphs):
 # at 128 tokens the host needs about 0.6 ms to issue the launches of 0.4 ms of kernels.
 # Up to 512 tokens a graph's private intermediates take under 60 MB.
@@ -650,121 +241,159 @@ GRAPH_MAX_TOKENS = 512
 GRAPHS = GraphCache(capacity=4)
 
 
-def _run(inputs: Sequence[Any], *, precision: str = "tf32", attention_precision: str | None = None,
-         mutant: str | None = None, tuning: Mapping[str, Any] | None = None,
-         mrope_layout: str = "sol") -> tuple[torch.Tensor]:
+def _run(inputs: Sequence[Any], **opts) -> tuple[torch.Tensor]:
     """The fused production pipeline (7 launches; small calls replayed from a CUDA graph)."""
     sh, t, eps = _prepare(inputs)
-    plan = plan_for(sh, t[0].device, precision, attention_precision, tuning, mrope_layout)
+    dev = t[0].device
+    plan = _plan(sh, dev, opts)
+    mutant = opts["mutant"]
+    result = _fused(sh, t, eps, plan, mutant)
+    if not plan.uses_fp16:
+        return result
+    out, flag = result
+    if mutant != "fp16_overflow_kept" and bool(flag.item()):
+        FP16_FALLBACK.count += 1
+        return _fused(sh, t, eps, _tf32_fallback(plan, sh, dev), mutant)
+    return (out,)
+
+
+def _fused(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, mutant: str | None) -> tuple:
     launch = functools.partial(_launch_layer, sh, t, eps, plan, mutant)
-    if sh.M > GRAPH_MAX_TOKENS or _interpreting():
+    if sh.M > GRAPH_MAX_TOKENS or interpreting():
         return launch()
     return GRAPHS((tensor_key(t), eps, plan, mutant), t[0].device, launch)
 
 
-def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan,
-                  mutant: str | None) -> tuple[torch.Tensor]:
+def _new_flag(plan: Plan, device: torch.device) -> torch.Tensor | None:
+    return torch.zeros(1, dtype=torch.int32, device=device) if plan.uses_fp16 else None
+
+
+def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, mutant: str | None) -> tuple:
+    """The seven launches; returns (out,), or (out, flag) when the plan watches fp16 ranges."""
     (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
     dev = x.device
     precision = plan.precision
     M, H = sh.M, sh.H
     x2 = x.view(M, H)
+    flag = _new_flag(plan, dev)
+    act = functools.partial(torch.empty, device=dev, dtype=plan.act_dtype)
     new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
 
-    h = launch_norm(x2, w_in, new(M, H), eps, plan, mutant)
-    qk = new(M, sh.QD + sh.KD)
-    vt = new(sh.B, sh.Hkv, sh.D, sh.S_pad)
-    launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, qk, vt, fused=True, mutant=mutant)
-    attn = launch_attention(qk, vt, new(M, sh.QD), sh, plan, mutant)
+    h = launch_norm(x2, w_in, act(M, H), eps, plan, mutant, flag)
+    qk = torch.empty(M, sh.QD + sh.KD, device=dev, dtype=plan.qkv_dtype)
+    vt = torch.empty(sh.B, sh.Hkv, sh.D, sh.S_pad, device=dev, dtype=plan.qkv_dtype)
+    launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, qk, vt, fused=True, mutant=mutant, flag=flag)
+    attn = launch_attention(qk, vt, act(M, sh.QD), sh, plan, mutant, flag)
     del qk, vt
     x1 = launch_residual_gemm(attn, wo, None if mutant == "missing_residual" else x2, new(M, H),
-                              plan.o_proj, precision)
+                              plan.o_proj, precision, flag)
     del attn
-    h2 = launch_norm(x1, w_post, h, eps, plan, mutant)          # reuses h's buffer
-    act = launch_gate_up(h2, wg, wu, new(M, sh.I), plan.gate_up, precision, fuse_act=True,
-                         round_out=plan.round_act, mutant=mutant)
-    out = launch_residual_gemm(act, wd, None if mutant == "missing_final_residual" else x1, new(M, H),
-                               plan.down, precision)
-    return (out.view(sh.B, sh.S, H),)
+    h2 = launch_norm(x1, w_post, h, eps, plan, mutant, flag)          # reuses h's buffer
+    a = launch_gate_up(h2, wg, wu, act(M, sh.I), plan.gate_up, precision, fuse_act=True,
+                       round_out=plan.round_act, mutant=mutant, flag=flag)
+    out = launch_residual_gemm(a, wd, None if mutant == "missing_final_residual" else x1, new(M, H),
+                               plan.down, precision, flag)
+    out = out.view(sh.B, sh.S, H)
+    return (out,) if flag is None else (out, flag)
 
 
 def _run_staged(inputs: Sequence[Any], *, taps: MutableMapping[str, torch.Tensor] | None = None,
-                override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
-                attention_precision: str | None = None, mutant: str | None = None,
-                tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> tuple[torch.Tensor]:
-    """Stage by stage with the same kernels; taps in the reference's layouts ([B, S, ...])."""
+                override: Mapping[str, torch.Tensor] | None = None, **opts) -> tuple[torch.Tensor]:
+    """Stage by stage with the same kernels; taps in the reference's layouts ([B, S, ...]),
+    as float32. Under "fp16" an out-of-range value recomputes the stages under "tf32"."""
     sh, t, eps = _prepare(inputs)
-    (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
-    dev = x.device
-    plan = plan_for(sh, dev, precision, attention_precision, tuning, mrope_layout)
-    M, H, B, S = sh.M, sh.H, sh.B, sh.S
-    x2 = x.view(M, H)
-    new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
-    override = dict(override or {})
-    unknown = set(override) - {s for s in STAGES}
+    unknown = set(override or {}) - set(STAGES)
     if unknown:
         raise ValueError(f"{NAME} (fast): override names unknown stages {sorted(unknown)}; "
                          f"stages: {', '.join(STAGES)}")
+    plan = _plan(sh, t[0].device, opts)
+    flag = _new_flag(plan, t[0].device)
+    out = _staged_layer(sh, t, eps, plan, opts["mutant"], taps, dict(override or {}), flag)
+    if flag is not None and opts["mutant"] != "fp16_overflow_kept" and bool(flag.item()):
+        FP16_FALLBACK.count += 1
+        out = _staged_layer(sh, t, eps, _tf32_fallback(plan, sh, t[0].device), opts["mutant"], taps,
+                            dict(override or {}), None)
+    return (out,)
 
-    def stage(name: str, cols: int, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+
+def _watch_conversion(value: torch.Tensor, dtype: torch.dtype, flag: torch.Tensor | None) -> None:
+    """The torch side of ``_kernels._watch``: flag values that ``dtype`` (fp16) cannot hold."""
+    if flag is not None and dtype == torch.float16:
+        flag += (~(value.abs() <= FP16_MAX)).any().to(torch.int32)
+
+
+def _staged_layer(sh: Shape, t, eps: float, plan: Plan, mutant: str | None, taps, override, flag) -> torch.Tensor:
+    (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd) = t
+    dev = x.device
+    M, H, B, S, QD, KD, I = sh.M, sh.H, sh.B, sh.S, sh.QD, sh.KD, sh.I
+    precision = plan.precision
+    x2 = x.view(M, H)
+
+    def new(cols: int, dtype=torch.float32) -> torch.Tensor:
+        return torch.empty(M, cols, device=dev, dtype=dtype)
+
+    def stage(name: str, cols: int, compute: Callable[[], torch.Tensor], dtype=torch.float32) -> torch.Tensor:
         if name in override:
             value = override[name]
             if value.numel() != M * cols:
                 raise ValueError(f"{NAME} (fast): override[{name!r}] must have {M * cols} elements "
                                  f"([{B}, {S}, {cols}]), got shape {tuple(value.shape)}")
-            value = value.detach().to(device=dev, dtype=torch.float32).reshape(M, cols).contiguous()
+            value = value.detach().to(device=dev, dtype=torch.float32).reshape(M, cols)
+            _watch_conversion(value, dtype, flag)
+            value = value.to(dtype).contiguous()
         else:
             value = compute()
         if taps is not None:
-            taps[name] = value.view(B, S, cols)
+            taps[name] = value.view(B, S, cols).float()
         return value
 
-    QD, KD, I = sh.QD, sh.KD, sh.I
-    h = stage("input_norm", H, lambda: launch_norm(x2, w_in, new(M, H), eps, plan, mutant))
-
-    def qkv_plain():
-        out = new(M, QD + 2 * KD)
-        launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, out, None, fused=False, mutant=mutant)
-        return out
-    qkv = stage("qkv_proj", QD + 2 * KD, qkv_plain)
-    qk = stage("mrope", QD + KD, lambda: launch_mrope(qkv, cos, sin, sh, new(M, QD + KD), plan, mutant))
-    vt = torch.zeros(B, sh.Hkv, sh.D, sh.S_pad, device=dev, dtype=torch.float32)
+    act, qkv_dtype = plan.act_dtype, plan.qkv_dtype
+    h = stage("input_norm", H, lambda: launch_norm(x2, w_in, new(H, act), eps, plan, mutant, flag), act)
+    qkv = stage("qkv_proj", QD + 2 * KD, lambda: _plain_qkv(h, t, sh, plan, new(QD + 2 * KD), mutant, flag))
+    qk = stage("mrope", QD + KD, lambda: launch_mrope(qkv, cos, sin, sh, new(QD + KD, qkv_dtype), plan, mutant,
+                                                      flag), qkv_dtype)
     v = qkv[:, QD + KD:]
-    vt[..., :S] = (round_tf32(v) if plan.round_attn else v).view(B, S, sh.Hkv, sh.D).permute(0, 2, 3, 1)
-    attn = stage("attention", QD, lambda: launch_attention(qk, vt, new(M, QD), sh, plan, mutant))
+    if plan.round_attn:
+        v = round_tf32(v, ties="away")
+    _watch_conversion(v, qkv_dtype, flag)
+    vt = torch.zeros(B, sh.Hkv, sh.D, sh.S_pad, device=dev, dtype=qkv_dtype)
+    vt[..., :S] = v.reshape(B, S, sh.Hkv, sh.D).permute(0, 2, 3, 1)
+    attn = stage("attention", QD, lambda: launch_attention(qk, vt, new(QD, act), sh, plan, mutant, flag), act)
     x1 = stage("o_proj", H, lambda: launch_residual_gemm(
-        attn, wo, None if mutant == "missing_residual" else x2, new(M, H), plan.o_proj, precision))
-    h2 = stage("post_norm", H, lambda: launch_norm(x1, w_post, new(M, H), eps, plan, mutant))
-    gu = stage("gate_up", 2 * I, lambda: launch_gate_up(h2, wg, wu, new(M, 2 * I), plan.gate_up, precision,
-                                                       fuse_act=False, mutant=mutant))
-    act = stage("act", I, lambda: launch_swiglu(gu, new(M, I), plan, mutant))
-    m = stage("down", H, lambda: launch_residual_gemm(act, wd, None, new(M, H), plan.down, precision))
+        attn, wo, None if mutant == "missing_residual" else x2, new(H), plan.o_proj, precision, flag))
+    h2 = stage("post_norm", H, lambda: launch_norm(x1, w_post, new(H, act), eps, plan, mutant, flag), act)
+    gu = stage("gate_up", 2 * I, lambda: launch_gate_up(h2, wg, wu, new(2 * I), plan.gate_up, precision,
+                                                       fuse_act=False, mutant=mutant, flag=flag))
+    a = stage("act", I, lambda: launch_swiglu(gu, new(I, act), plan, mutant, flag), act)
+    m = stage("down", H, lambda: launch_residual_gemm(a, wd, None, new(H), plan.down, precision, flag))
     out = stage("residual", H, lambda: m.clone() if mutant == "missing_final_residual" else x1 + m)
-    return (out.view(B, S, H),)
+    return out.view(B, S, H)
 
 
-def round_tf32(t: torch.Tensor) -> torch.Tensor:
-    """torch twin of the kernels' _round_tf32 (nearest TF32 value, ties away from zero)."""
-    bits = t.contiguous().view(torch.int32)
-    return ((bits + 0x1000) & -8192).view(torch.float32)
+def _plain_qkv(h, t, sh: Shape, plan: Plan, out: torch.Tensor, mutant, flag) -> torch.Tensor:
+    (_, _, wq, bq, wk, bk, wv, bv, _, cos, sin, *_) = t
+    launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, out, None, fused=False, mutant=mutant, flag=flag)
+    return out
 
 
-STAGES = ("input_norm", "qkv_proj", "mrope", "attention", "o_proj", "post_norm", "gate_up", "act",
-          "down", "residual")
-
-
-def variant(mutant: str | None = None, *, precision: str = "tf32", attention_precision: str | None = None,
-            tuning: Mapping[str, Any] | None = None, mrope_layout: str = "sol") -> Callable[..., tuple[torch.Tensor]]:
-    """A forward with a fixed policy (and optionally a planted bug), carrying ``.staged``.
-    ``mrope_layout="hf"``: ``forward_hf_mrope``'s layout."""
-    if mrope_layout not in MROPE_LAYOUTS:
-        raise ValueError(f"{NAME} (fast): mrope_layout must be one of {MROPE_LAYOUTS}, got {mrope_layout!r}")
+# --------------------------------------------------------------------------- public entry points
+def variant(mutant: str | None = None, *, precision: str = DEFAULT_PRECISION, attention_precision: str | None = None,
+            tuning: Mapping[str, Any] | None = None, tables: Tables | None = None, plan: Plan | None = None,
+            mrope_layout: str = "sol") -> Callable[..., tuple[torch.Tensor]]:
+    """A forward with fixed options (and optionally the planted bug ``mutant``, a key of
+    MUTANTS), carrying ``.staged``. ``tables``: tile tables for this forward; ``tuning``:
+    single plan entries over them; ``plan``: a whole plan (its precision fields decide
+    the policy). ``mrope_layout="hf"``: ``forward_hf_mrope``'s layout."""
+    check_choice("mrope_layout", mrope_layout, MROPE_LAYOUTS)
     if mutant is not None and mutant not in MUTANTS:
-        raise ValueError(f"{NAME} (fast): mutant must be one of {MUTANTS} or None, got {mutant!r}")
-    if precision not in PRECISIONS:
-        raise ValueError(f"{NAME} (fast): precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ValueError(f"{NAME} (fast): mutant must be one of {sorted(MUTANTS)} or None, got {mutant!r}")
+    check_choice("precision", precision, PRECISIONS)
+    if attention_precision is not None:
+        check_choice("attention_precision", attention_precision, PRECISIONS)
+    if tables is not None and not isinstance(tables, Tables):
+        tables = tables_from_json(tables)
     opts = dict(precision=precision, attention_precision=attention_precision, mutant=mutant, tuning=tuning,
-                mrope_layout=mrope_layout)
+                tables=tables, plan=plan, mrope_layout=mrope_layout)
 
     def fn(*inputs):
         return _run(inputs, **opts)
@@ -773,34 +402,42 @@ def variant(mutant: str | None = None, *, precision: str = "tf32", attention_pre
         return _run_staged(inputs, taps=taps, override=override, **opts)
 
     fn.staged = staged
-    tags = [precision] + (["hf_mrope"] if mrope_layout == "hf" else []) + ([mutant] if mutant else [])
+    policy = plan.precision if plan is not None else precision
+    tags = [policy] + (["hf_mrope"] if mrope_layout == "hf" else []) + ([mutant] if mutant else [])
     fn.__name__ = fn.__qualname__ = f"forward[{', '.join(tags)}]"
     return fn
+
+
+def _options(precision, attention_precision, tables, plan, mrope_layout="sol") -> dict:
+    return dict(precision=precision, attention_precision=attention_precision, mutant=None, tuning=None,
+                tables=tables, plan=plan, mrope_layout=mrope_layout)
 
 
 def forward(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
             k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
             post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
-            rms_norm_eps, *, precision: str = "tf32", attention_precision: str | None = None):
+            rms_norm_eps, *, precision: str = DEFAULT_PRECISION, attention_precision: str | None = None,
+            tables: Tables | None = None, plan: Plan | None = None):
     """The fused Triton decoder layer with the benchmark's mRoPE layout (SOL-ExecBench
     L2/019); returns ``(output,)`` float32 [B, S, H]."""
     return _run((hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
                  k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
                  post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
-                 rms_norm_eps), precision=precision, attention_precision=attention_precision)
+                 rms_norm_eps), **_options(precision, attention_precision, tables, plan))
 
 
 def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
-                   override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
-                   attention_precision: str | None = None):
+                   override: Mapping[str, torch.Tensor] | None = None, precision: str = DEFAULT_PRECISION,
+                   attention_precision: str | None = None, tables: Tables | None = None, plan: Plan | None = None):
     """Stage-tap protocol: same outputs as ``forward`` (same kernels, stage boundaries
     materialised), every SPEC stage stored in ``taps``, ``override`` replaces a stage.
 
-    Taps hold the values as the kernels store them: under "tf32" the stages that only feed
-    tensor-core products (input_norm, mrope, attention, post_norm, act) are TF32-rounded;
-    qkv_proj, gate_up, o_proj, down and residual are plain fp32 accumulations."""
-    return _run_staged(inputs, taps=taps, override=override, precision=precision,
-                       attention_precision=attention_precision)
+    Taps hold the values as the kernels store them, as float32: under "tf32" the stages
+    that only feed tensor-core products (input_norm, mrope, attention, post_norm, act) are
+    TF32-rounded, under "fp16" they are fp16 values; qkv_proj, gate_up, o_proj, down and
+    residual are plain fp32 accumulations."""
+    return _run_staged(inputs, taps=taps, override=override,
+                       **_options(precision, attention_precision, tables, plan))
 
 
 forward.staged = forward_staged
@@ -809,21 +446,30 @@ forward.staged = forward_staged
 def forward_hf_mrope(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
                      k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
                      post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
-                     rms_norm_eps, *, precision: str = "tf32", attention_precision: str | None = None):
+                     rms_norm_eps, *, precision: str = DEFAULT_PRECISION, attention_precision: str | None = None,
+                     tables: Tables | None = None, plan: Plan | None = None):
     """``forward`` with HF Qwen2-VL's mRoPE layout (the operator's "hf_mrope" variant): the
     section (D/8, 3D/16, 3D/16) from axes t, h, w, repeated for the two rotate_half halves."""
     return _run((hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight,
                  k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin,
                  post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
-                 rms_norm_eps), precision=precision, attention_precision=attention_precision, mrope_layout="hf")
+                 rms_norm_eps), **_options(precision, attention_precision, tables, plan, "hf"))
 
 
 def forward_hf_mrope_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = None,
-                            override: Mapping[str, torch.Tensor] | None = None, precision: str = "tf32",
-                            attention_precision: str | None = None):
+                            override: Mapping[str, torch.Tensor] | None = None, precision: str = DEFAULT_PRECISION,
+                            attention_precision: str | None = None, tables: Tables | None = None,
+                            plan: Plan | None = None):
     """The stage-tap protocol of ``forward_hf_mrope`` (see ``forward_staged``)."""
-    return _run_staged(inputs, taps=taps, override=override, precision=precision,
-                       attention_precision=attention_precision, mrope_layout="hf")
+    return _run_staged(inputs, taps=taps, override=override,
+                       **_options(precision, attention_precision, tables, plan, "hf"))
 
 
 forward_hf_mrope.staged = forward_hf_mrope_staged
+
+
+# the policies by name, for the definition's implementation table (fast_fp16, fast_tf32)
+forward_fp16 = variant(precision="fp16")
+forward_tf32 = variant(precision="tf32")
+forward_hf_mrope_fp16 = variant(precision="fp16", mrope_layout="hf")
+forward_hf_mrope_tf32 = variant(precision="tf32", mrope_layout="hf")

@@ -27,7 +27,7 @@ from ...refimpl import stages as st
 NAME = "qwen2vl_decoder_layer"
 
 __all__ = ["reference", "reference_fp32", "reference_hf_mrope", "torch_eager", "torch_eager_tf32",
-           "torch_eager_hf_mrope", "sol_reference", "realistic_inputs", "mrope_positions"]
+           "torch_eager_fp16", "torch_eager_hf_mrope", "sol_reference", "realistic_inputs", "mrope_positions"]
 
 
 def _split_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
@@ -178,6 +178,60 @@ def torch_eager_tf32(*inputs, mrope_layout: str = "sol"):
 
 
 torch_eager_tf32_hf_mrope = functools.partial(torch_eager_tf32, mrope_layout="hf")
+
+
+class _ExactFp16Reductions:
+    """Within the block, cuBLAS fp16 GEMMs accumulate in fp32 throughout (no fp16 split-K
+    reductions)."""
+
+    def __enter__(self):
+        self.old = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+
+    def __exit__(self, *exc):
+        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = self.old
+
+
+def torch_eager_fp16(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
+                     k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
+                     rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
+                     up_proj_weight, down_proj_weight, rms_norm_eps, *, mrope_layout: str = "sol"):
+    """What a user would write in torch with fp16 operands: every matmul on fp16 copies of
+    its operands made in the call (weights included: nothing is kept across calls), fp32
+    accumulation, fp16 results; SDPA in fp16; norms, RoPE, biases, SiLU and the residual
+    adds in fp32 (the baseline the "fp16" policy of the fast path is measured against)."""
+    eps = float(rms_norm_eps)
+    d = rope_cos.shape[-1]
+    hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
+    half = torch.float16
+
+    def norm(t, w):
+        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
+
+    def linear(a, w):
+        return F.linear(a.to(half), w.to(half)).float()
+
+    with _ExactFp16Reductions():
+        x = hidden_states
+        h = norm(x, input_layernorm_weight)
+        q = _split_heads(linear(h, q_proj_weight) + q_proj_bias, hq)
+        k = _split_heads(linear(h, k_proj_weight) + k_proj_bias, hkv)
+        v = _split_heads(linear(h, v_proj_weight) + v_proj_bias, hkv)
+        seq_len = hidden_states.shape[1]
+        cos = st.mrope_select(rope_cos, seq_len, mrope_layout)[:, None]
+        sin = st.mrope_select(rope_sin, seq_len, mrope_layout)[:, None]
+        q = q * cos + st.rotate_half(q) * sin
+        k = k * cos + st.rotate_half(k) * sin
+        group = hq // hkv
+        attn = F.scaled_dot_product_attention(q.to(half), k.repeat_interleave(group, 1).to(half),
+                                              v.repeat_interleave(group, 1).to(half), is_causal=True)
+        x1 = x + linear(_merge_heads(attn), o_proj_weight)
+        h2 = norm(x1, post_attention_layernorm_weight)
+        m = linear(F.silu(linear(h2, gate_proj_weight)) * linear(h2, up_proj_weight), down_proj_weight)
+        return (x1 + m,)
+
+
+torch_eager_fp16_hf_mrope = functools.partial(torch_eager_fp16, mrope_layout="hf")
 
 
 # --------------------------------------------------------------------------- the benchmark's reference

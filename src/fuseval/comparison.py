@@ -1,0 +1,168 @@
+"""Comparing one output with the oracle's, and whether a tolerance can see an error at all.
+
+``compare(out, ref, tol)`` applies the definition's tolerance rule element by element
+(|out - ref| <= atol + rtol*|ref|) and summarises the case (matched ratio, optional
+max-abs bound, NaN/Inf, all-zero) under one of two rule sets (``RULES``): ``"fuseval"``
+(float64 comparison; a NaN or Inf the oracle has at the same place by construction may
+match) and ``"sol"``, the benchmark's evaluator (float32 comparison; any NaN or Inf on
+either side fails).
+
+``blind_outputs`` reports the outputs on which a tolerance is blind: where the absolute
+tolerance is at least a tenth of the output's RMS, an error of 10% of the output's size
+passes every element, so a kernel off by that much would be judged correct.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from .definitions import TensorSpec, Tolerance
+
+__all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION"]
+
+# "fuseval": float64 comparison, a NaN both sides have by construction may match;
+# "sol": the benchmark's evaluator (float32 comparison, any NaN/Inf on either side fails)
+RULES = ("fuseval", "sol")
+
+# an error this fraction of an output's RMS must be visible to the tolerance
+BLIND_FRACTION = 0.1
+
+
+@dataclass
+class OutputMetrics:
+    name: str
+    max_abs: float
+    mean_abs: float
+    rel_l2: float
+    matched_ratio: float
+    numel: int
+    nonfinite: int          # elements where output and oracle disagree on being finite
+    all_zero: bool
+    passed: bool
+    reasons: list[str] = field(default_factory=list)
+    worst_index: tuple[int, ...] | None = None
+
+    def margin(self, tol: Tolerance) -> float:
+        """Matched ratio minus the required ratio (negative: failing)."""
+        return self.matched_ratio - tol.min_matched_ratio
+
+
+def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output",
+            rules: str = "fuseval") -> OutputMetrics:
+    """Compare an implementation's output with the oracle's under ``tol`` and ``rules``."""
+    if rules not in RULES:
+        raise ValueError(f"rules: expected one of {RULES}, got {rules!r}")
+    if rules == "sol":
+        return _compare_sol(out, ref, tol, name)
+    o = out.detach().to(torch.float64)
+    r = ref.detach().to(device=o.device, dtype=torch.float64)
+    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
+    # a non-finite output is acceptable only where the oracle has the very same value
+    same_nonfinite = (~o_fin) & (~r_fin) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
+    # ... and a finite output where the oracle is NaN/Inf (e.g. a NaN scale code decoded as
+    # some number) silently repairs a value the format defines as poisoned: also a failure
+    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum()) + int(((~r_fin) & o_fin).sum())
+    both = o_fin & r_fin
+    inf = torch.full_like(o, math.inf)
+    diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o), inf))
+    ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
+    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & r_fin).any())
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _compare_sol(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str) -> OutputMetrics:
+    """The benchmark's comparison: both sides in float32, the bound atol + rtol*|ref| in
+    float32, every non-finite element of either side a failure, an all-zero output against
+    a reference of non-zero norm a failure."""
+    o = out.detach().to(torch.float32)
+    r = ref.detach().to(device=o.device, dtype=torch.float32)
+    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
+    bad_nonfinite = int((~o_fin).sum()) + int((~r_fin).sum())
+    both = o_fin & r_fin
+    diff = torch.where(both, (o - r).abs(), torch.full_like(o, math.inf))
+    ok = both & (diff <= tol.atol + tol.rtol * r.abs())
+    all_zero = bool(torch.linalg.vector_norm(_finite_or_zero(r, r_fin)) > 0) \
+        and bool(torch.linalg.vector_norm(_finite_or_zero(o, o_fin)) == 0) and not bad_nonfinite
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _finite_or_zero(t: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
+    """``t`` with the elements outside ``finite`` zeroed: what reductions over the finite
+    elements need, without a boolean-mask gather (which is slow on the CPU)."""
+    return torch.where(finite, t, torch.zeros((), dtype=t.dtype, device=t.device))
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    index = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        index.append(i)
+    return tuple(reversed(index))
+
+
+def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> OutputMetrics:
+    """The summary of one comparison: error statistics and the reasons it fails."""
+    numel = o.numel()
+    matched = float(ok.sum()) / numel if numel else 1.0
+    n_both = int(both.sum())
+    finite_diff = _finite_or_zero(diff.to(torch.float64), both)      # >= 0 where both are finite
+    max_abs = float(finite_diff.max()) if n_both else 0.0
+    if bad_nonfinite:
+        max_abs = math.inf
+    mean_abs = float(finite_diff.sum()) / n_both if n_both else 0.0
+    ref_norm = float(torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both))) if n_both else 0.0
+    err_norm = float(torch.linalg.vector_norm(finite_diff)) if n_both else 0.0
+    rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+    reasons = []
+    if bad_nonfinite:
+        reasons.append("nonfinite")
+    if all_zero:
+        reasons.append("all_zero")
+    if matched < tol.min_matched_ratio:
+        reasons.append("tolerance")
+    if tol.max_abs_error is not None and max_abs > tol.max_abs_error:
+        reasons.append("max_abs")
+    # (torch.unravel_index would import sympy, seconds of CPU, on its first call)
+    worst = _unravel(int(torch.argmax(diff.flatten())), o.shape) if numel else None
+    return OutputMetrics(name, max_abs, mean_abs, rel_l2, matched, numel, bad_nonfinite, all_zero,
+                         not reasons, reasons, worst)
+
+
+# --------------------------------------------------------------------------- blind tolerances
+@dataclass
+class BlindOutput:
+    """An output of a case on which the tolerance cannot see an error of
+    ``BLIND_FRACTION`` of its RMS: ``atol >= BLIND_FRACTION * rms``."""
+    case: int
+    output: str
+    rms: float
+    atol: float
+
+    def describe(self) -> str:
+        return (f"case {self.case}: the tolerance is blind on {self.output}: atol {self.atol:g} >= "
+                f"{BLIND_FRACTION:g} x its RMS {self.rms:.3g}, so an error of {BLIND_FRACTION:.0%} of the "
+                "output's size passes every element")
+
+
+def rms(t: torch.Tensor) -> float:
+    """Root mean square of the finite elements of ``t`` (0.0 when there are none)."""
+    x = t.detach().to(torch.float64)
+    finite = torch.isfinite(x)
+    n = int(finite.sum())
+    return float(torch.linalg.vector_norm(_finite_or_zero(x, finite))) / math.sqrt(n) if n else 0.0
+
+
+def blind_outputs(case: int, refs: Sequence[torch.Tensor], specs: Sequence[TensorSpec],
+                  tol: Tolerance) -> list[BlindOutput]:
+    """The outputs of one case (the oracle's ``refs``) on which ``tol`` is blind."""
+    found = []
+    for spec, ref in zip(specs, refs):
+        if not isinstance(ref, torch.Tensor):
+            continue
+        size = rms(ref)
+        if tol.atol >= BLIND_FRACTION * size:
+            found.append(BlindOutput(case, spec.name, size, float(tol.atol)))
+    return found
