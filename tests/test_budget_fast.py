@@ -77,17 +77,14 @@ def test_fast_production_only_mutant_of_op_b_fails_end_to_end():
     assert any("disagree" in m for m in c.messages)
 
 
-# Op A's TF32 path (weights truncated to TF32) spends 105% of its end-to-end allowance
-# (2 x the naive's max abs + 4 ulp) on case 0 under the benchmark's mRoPE layout, measured on
-# an H200 on 2026-12-01 (97% under HF's layout before): a known finding the fp16 policy of
-# issue 16 is to remove. strict: the test fails as soon as the path is within budget again.
-_OVER_BUDGET = {"qwen2vl_decoder_layer": "op A's TF32 path is over its end-to-end budget (issue 16)"}
-
-
+# Op A's TF32 path (weights truncated to TF32) is close to its end-to-end allowance (2 x the
+# naive's max abs + 4 ulp) on case 0, measured on an H200 on 2026-12-01: its max abs error
+# 6.91e-3 was 105% of the allowance on inputs drawn on the CPU and is 99% on the inputs drawn on
+# the GPU, which the budget uses since issue 20 (the naive's error moves with the draw). The
+# margin is thin; issue 16's fp16 policy (max abs 3-3.8e-3) is the way to widen it.
 @pytest.mark.gpu
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA device")
-@pytest.mark.parametrize("op", [pytest.param(op, marks=pytest.mark.xfail(reason=_OVER_BUDGET[op], strict=True))
-                                if op in _OVER_BUDGET else op for op in OPS])
+@pytest.mark.parametrize("op", OPS)
 def test_fast_path_within_budget_at_seed_size(op):
     _fast(op)
     r = run_budget(op, "fast", config="seed", cases="0,11", device="cuda")

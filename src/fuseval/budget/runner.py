@@ -51,7 +51,6 @@ from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
 
 __all__ = ["run_budget", "staged_of", "run_until"]
 
-_PREFETCH = 3      # cases whose inputs are drawn ahead, on as many threads (GPU runs only)
 
 
 # --------------------------------------------------------------------------- stage taps
@@ -189,7 +188,7 @@ class _CaseRunner:
         return final_metrics(outs, oracle_out, self.out_names, self.defn.tolerance, self.budget.end_to_end.dtype)
 
     def run(self, case, seed: int, mode: str, drawn: Future | None = None) -> BudgetCase:
-        """One case. ``drawn``: a future of the case's inputs drawn on the CPU (prefetched
+        """One case. ``drawn``: a future of the case's inputs (prefetched on the run's device
         while the previous case ran), else they are drawn here."""
         defn, dev = self.defn, self.device
         seconds: dict[str, float] = {}
@@ -454,8 +453,9 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     ``cpu_threads``: torch CPU threads during the run; by default 1 for a scaled-down
     configuration on the CPU (its tensors are tiny: extra threads only add
     synchronisation, which costs 5-10x on a busy machine), unchanged otherwise.
-    ``prefetch``: how many cases' inputs to draw ahead on worker threads (default 3 on a
-    GPU, none on the CPU).
+    ``prefetch``: how many cases' inputs to draw ahead on worker threads, on the run's
+    device (default none: inputs are drawn on their device, which is fast, and give the
+    same tensors as ``fuseval check`` draws for the same seed and case).
 
     ``isolate`` (default): the implementation runs in a worker process of its own
     (:mod:`fuseval.isolation`; its stage taps come back through shared memory), each call
@@ -478,10 +478,9 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         cpu_threads = 1
     old_threads = torch.get_num_threads()
     t0 = time.perf_counter()
-    # On a GPU, drawing the inputs on the CPU (full-size weights, every case: seed + i)
-    # takes longer than the case's GPU work: draw the next cases on worker threads (torch
-    # releases the GIL) while the current one runs. On the CPU there is nothing to overlap.
-    ahead = (_PREFETCH if dev.type == "cuda" else 0) if prefetch is None else int(prefetch)
+    # inputs are drawn on the run's device (the same tensors check draws); ``prefetch``
+    # draws the next cases on worker threads while the current one runs
+    ahead = 0 if prefetch is None else int(prefetch)
     pool = ThreadPoolExecutor(max_workers=ahead) if ahead > 0 else None
     futures: dict[int, Future] = {}
 
@@ -489,7 +488,7 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         for c in selected[:upto]:
             if pool is not None and c.index not in futures:
                 futures[c.index] = pool.submit(generate_inputs, defn, c.axes, seed=seed + c.index, mode=mode,
-                                               device="cpu")
+                                               device=dev)
     try:
         if cpu_threads:
             torch.set_num_threads(cpu_threads)
