@@ -45,22 +45,6 @@ def sustained(fn, flops: float, seconds: float, monitor) -> dict:
             "pj_per_flop": (power / r.steady_flops_per_s * 1e12) if power else None, "window": window}
 
 
-def _tf32_square_product(n: int):
-    """A thunk for one n^3 TF32 product of random fp32 operands (what ``fuseval bench``
-    measures its TF32 ceiling with)."""
-    a, b = torch.randn(n, n, device="cuda"), torch.randn(n, n, device="cuda")
-    out = torch.empty(n, n, device="cuda")
-
-    def product():
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        try:
-            torch.matmul(a, b, out=out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
-    return product
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--m", type=int, default=8192)
@@ -70,7 +54,7 @@ def main() -> int:
         print("qwen2vl_power: no GPU here, nothing to measure")
         return 0
     os.makedirs(B.OUT, exist_ok=True)
-    from fuseval.bench import measure_ceilings
+    from fuseval.bench import measure_ceilings, square_matmul
     from fuseval.clocks import ClockMonitor
     from fuseval.operators.qwen2vl_decoder_layer import fast as F
     from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model
@@ -96,7 +80,7 @@ def main() -> int:
         w_gu = torch.cat([W["wg"], W["wu"]])
         gu_out, gu_cublas = torch.empty(M, I, device="cuda"), torch.empty(M, 2 * I, device="cuda")
         down_out, down_cublas = torch.empty(M, H, device="cuda"), torch.empty(M, H, device="cuda")
-        ceiling_product = _tf32_square_product(8192)          # the bench's ceiling product
+        ceiling_product = square_matmul("tf32", 8192, torch.device("cuda"))   # the bench's ceiling product
         layer_flops = cost_model(dict(c, batch_size=1, seq_len=M, kv_seq_len=M))["flops"]
         work = {
             "gate/up ours": (lambda: F.launch_gate_up(x2, W["wg"], W["wu"], gu_out, plan.gate_up, "tf32",

@@ -59,7 +59,7 @@ from .definitions import Definition
 from .report import fmt_number
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
-           "timer_rules", "SustainedRate", "sustained_rate", "BenchSpec",
+           "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
            "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
            "print_bench_report", "write_outputs", "plot_report"]
 
@@ -248,7 +248,7 @@ _MATMUL_DTYPES = {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False
                   "tf32": (torch.float32, True), "fp32": (torch.float32, False)}
 
 
-def _square_matmul(name: str, n: int, device: torch.device):
+def square_matmul(name: str, n: int, device: torch.device):
     """A thunk for one n^3 product of random operands in the dtype named ``name`` (with
     torch's TF32 switch set for it while it runs)."""
     dtype, tf32 = _MATMUL_DTYPES[name]
@@ -281,7 +281,7 @@ def measure_ceilings(device: torch.device | str = "cuda", *, matmul_n: int = 819
 
     rates = {}
     for name in _MATMUL_DTYPES:
-        product = _square_matmul(name, matmul_n, device)
+        product = square_matmul(name, matmul_n, device)
         t = time_call(product, device=device, warmup_ms=20, rep_ms=60 if name != "fp32" else 150,
                       min_reps=3, max_reps=30, flush=False)
         rates[name] = 2 * matmul_n ** 3 / (t.median_ms / 1e3)
@@ -300,7 +300,7 @@ def measure_sustained(ceilings: Ceilings, dtypes: Sequence[str], seconds: float,
     if unknown:
         raise ValueError(f"dtypes: expected some of {sorted(_MATMUL_DTYPES)}, got {unknown}")
     for name in dtypes:
-        product = _square_matmul(name, matmul_n, device)
+        product = square_matmul(name, matmul_n, device)
         r = sustained_rate(product, 2 * matmul_n ** 3, seconds, device=device)
         ceilings.sustained_matmul_flops_per_s[name] = r.steady_flops_per_s
         ceilings.sustained_intervals[name] = r.steady_interval

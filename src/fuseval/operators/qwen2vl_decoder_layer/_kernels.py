@@ -78,6 +78,14 @@ def _watch(v, mask, flag_ptr, out_ptr, WATCH: tl.constexpr):
 
 
 @triton.jit
+def _swiglu(g, u, MUT_SILU_ON_UP: tl.constexpr):
+    """silu(g) * u, SwiGLU's activation (the mutant applies silu to the up branch)."""
+    if MUT_SILU_ON_UP:
+        return g * (u / (1.0 + tl.exp(-u)))
+    return (g / (1.0 + tl.exp(-g))) * u
+
+
+@triton.jit
 def _stored(v, out_ptr):
     """``v`` in the element type of ``out_ptr`` (fp32 -> fp16 rounds to nearest even)."""
     return v.to(out_ptr.dtype.element_ty)
@@ -279,10 +287,7 @@ def _gate_up_epilogue(acc_g, acc_u, out_ptr, flag_ptr, rows, cols, M, N, stride_
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     out_ptrs = out_ptr + rows[:, None] * stride_out + cols[None, :]
     if FUSE_ACT:
-        if MUT_SILU_ON_UP:
-            act = acc_g * (acc_u / (1.0 + tl.exp(-acc_u)))
-        else:
-            act = (acc_g / (1.0 + tl.exp(-acc_g))) * acc_u
+        act = _swiglu(acc_g, acc_u, MUT_SILU_ON_UP)
         if ROUND_OUT:
             act = _round_tf32(act)
         _watch(act, mask, flag_ptr, out_ptr, WATCH)
@@ -384,10 +389,7 @@ def swiglu_kernel(gu_ptr, out_ptr, flag_ptr, M, N, stride_gu, stride_out, BM: tl
     mask = (rows[:, None] < M) & (cols[None, :] < N)
     g = tl.load(gu_ptr + rows[:, None] * stride_gu + cols[None, :], mask=mask, other=0.0)
     u = tl.load(gu_ptr + rows[:, None] * stride_gu + N + cols[None, :], mask=mask, other=0.0)
-    if MUT_SILU_ON_UP:
-        act = g * (u / (1.0 + tl.exp(-u)))
-    else:
-        act = (g / (1.0 + tl.exp(-g))) * u
+    act = _swiglu(g, u, MUT_SILU_ON_UP)
     if ROUND_OUT:
         act = _round_tf32(act)
     _watch(act, mask, flag_ptr, out_ptr, WATCH)
