@@ -255,3 +255,28 @@ def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     assert report.settings["l2_flush_bytes"] == bench.L2_FLUSH_BYTES
     bench_render.write_outputs(report, str(tmp_path))
     assert json.loads((tmp_path / "bench.json").read_text())["fast_options"] == report.fast_options
+
+
+def test_parts_table_shows_each_part_against_its_floor(tmp_path):
+    """Parts timed apart are written to bench.json and shown as their own table (ms and
+    % of each part's floor, their sum beside the whole call); a part that failed says why."""
+    report = _report()
+    report.cases[0].parts = {
+        "act_quant": {"median_ms": 0.1, "floor_ms": 0.05, "bound": "memory", "flops": 0, "bytes": 2e8,
+                      "what": "the quantizer", "error": None},
+        "gemm": {"median_ms": 0.3, "floor_ms": 0.24, "bound": "compute", "flops": 1e11, "bytes": 1e8,
+                 "what": "the GEMM", "error": None}}
+    report.cases[1].parts = {"act_quant": {"median_ms": None, "floor_ms": 0.1, "error": "RuntimeError: capture"},
+                             "gemm": {"median_ms": 1.0, "floor_ms": 0.8, "error": None}}
+    bench_render.write_outputs(report, str(tmp_path), plot=False)
+    text = (tmp_path / "bench.txt").read_text()
+    assert "its parts timed apart" in text and "act_quant ms" in text and "gemm ms" in text
+    parts_rows = text.split("its parts timed apart")[1].splitlines()
+    row0 = [c.strip() for c in next(line for line in parts_rows if "80.0%" in line).split("│")[1:-1]]
+    assert row0 == ["0", "0.1", "50.0%", "0.3", "80.0%", "0.4", "0.5"]     # the sum beside the whole call
+    row1 = [c.strip() for c in next(line for line in parts_rows if "│    1 │" in line).split("│")[1:-1]]
+    assert row1 == ["1", "-", "-", "1", "80.0%", "-", "1.5"]            # a part not timed: no sum
+    assert "case 1: part act_quant was not timed: RuntimeError: capture" in text
+    assert "part act_quant: the quantizer" in text
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert data["cases"][0]["parts"]["gemm"]["median_ms"] == 0.3

@@ -407,3 +407,18 @@ def test_prefetched_inputs_give_the_same_report():
         assert a.axes == b.axes
         for sa, sb in zip(a.stages, b.stages):
             assert sa.local == sb.local and sa.propagated == sb.propagated
+
+
+@pytest.mark.parametrize("bisect", [False, True], ids=["kthvalue", "bisection"])
+def test_kth_smallest_is_exact_with_zeros_and_infinities(bisect):
+    """The k-th smallest tolerance ratio, by torch.kthvalue or by bisection on the bits
+    (the path for large CUDA tensors): the same value as a full sort, at every rank."""
+    from fuseval.budget.metrics import kth_smallest
+    gen = torch.Generator().manual_seed(3)
+    x = torch.rand(5000, generator=gen, dtype=torch.float64) * 7
+    x[::9] = math.inf
+    x[::13] = 0.0
+    x[5:40] = 1.25                                       # ties
+    ordered = x.sort().values
+    for k in (1, 2, 38, 2500, 4444, 4999, 5000):
+        assert kth_smallest(x, k, bisect=bisect) == float(ordered[k - 1]), k

@@ -25,7 +25,7 @@ from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _launch
 from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.operators.nvfp4_qkv_rope import reference as ref
-from fuseval.refimpl.nvfp4 import encode_e4m3fn, quantize_activations
+from fuseval.refimpl.nvfp4 import decode_e2m1, decode_e4m3fn, encode_e4m3fn, quantize_activations
 
 OP = "nvfp4_qkv_rope"
 CPU = torch.device("cpu")
@@ -487,7 +487,11 @@ def test_kernel_configs_and_tile_tables():
     assert fast.pick_config(1024, 4096, cuda, table).block_m == 64
     assert fast.pick_config(1025, 4096, cuda, table) == KC(128, 64, 8, 3, True)
     cfg = fast.pick_config(100, 4096, CPU)
-    assert cfg.block_m == 32 and cfg.block_k == 64
+    assert cfg.block_m == 64 and cfg.block_k == 64 and cfg.heads_per_tile == 2
+    # the interpreter's tiles: every call of more than 16 tokens runs two or more row tiles
+    for m in range(1, 700):
+        bm = fast.pick_config(m, 64, CPU).block_m
+        assert 16 <= bm <= 256 and (m <= 16 or -(-m // bm) >= 2), (m, bm)
     with pytest.raises(ValueError, match="tile table row"):
         _launch.as_table([(1, 2, 3)])
 
@@ -685,3 +689,41 @@ def test_graph_replay_mutants_are_caught(monkeypatch):
     monkeypatch.setattr(fast, "GRAPHS", GraphCache())
     monkeypatch.setattr(fast, "tensor_key", lambda ts: tuple(getattr(t, "shape", t) for t in ts))
     assert not _graph_replay_properties()["reads_other_input"]
+
+
+def test_parts_are_the_production_call_in_two_pieces():
+    """fast.parts: the quantizer part returns the production quantizer's xs, and the GEMM
+    part on it gives the production call's outputs bit for bit; fed another call's
+    quantizer output (a broken part), the GEMM part differs."""
+    defn = load(OP, "small")
+    inputs = generate_inputs(defn, {"seq_len": 24, "batch_size": 2}, seed=3)
+    other = generate_inputs(defn, {"seq_len": 24, "batch_size": 2}, seed=4)
+    parts = fast.parts(*inputs)
+    assert list(parts) == ["act_quant", "gemm"]
+    assert parts["gemm"].flops == ref.cost_model(defn.resolve_axes({"seq_len": 24, "batch_size": 2}))["flops"]
+    assert parts["act_quant"].flops == 0 and parts["act_quant"].bytes >= 3 * 2 * 48 * 64
+    (xs, _), _ = parts["act_quant"].run()
+    q = quantize_activations(inputs[0].reshape(-1, 64))
+    want = decode_e2m1(q.codes) * decode_e4m3fn(q.scales).repeat_interleave(16, -1)
+    assert torch.equal(xs.double().view(-1, 64), want)
+    got = parts["gemm"].run()
+    for o, w in zip(got, fast.forward(*inputs)):
+        assert torch.equal(o.view(torch.int16), w.view(torch.int16))
+    p = _launch.plan(inputs, 0, None, 0, False, False)
+    act_other, _ = _launch.quantize(other, p, "tensor")
+    broken = _launch.gemm(inputs, mode=0, table=None, act=act_other)
+    assert not torch.equal(broken[0].view(torch.int16), got[0].view(torch.int16))
+
+
+@gpu
+@needs_cuda
+def test_gpu_bench_times_the_parts():
+    """fuseval bench times op B's parts apart (graph replays), each against its own floor."""
+    from fuseval.bench import run_bench
+    report = run_bench(OP, ["fast"], cases="0", min_reps=3, max_reps=5, rep_ms=5, warmup_ms=2,
+                       monitor_clocks=False)
+    parts = report.cases[0].parts
+    assert set(parts) == {"act_quant", "gemm"}
+    for name, p in parts.items():
+        assert p["error"] is None and p["median_ms"] > 0 and p["floor_ms"] > 0, (name, p)
+    assert parts["gemm"]["bound"] == "compute" and parts["act_quant"]["bound"] == "memory"

@@ -84,6 +84,20 @@ def test_gpu_tile_variants_pass_under_the_interpreter(config, tuning):
     assert result.passed, result.messages
 
 
+def test_interpreter_tiles_keep_two_row_tiles():
+    """Under the interpreter the tiles grow with the call (few programs), but every call of
+    more than 32 rows still runs two or more row tiles in each GEMM, norm and attention."""
+    from fuseval.operators.qwen2vl_decoder_layer._plans import Shape
+    for s in (1, 8, 9, 24, 33, 64, 99, 128, 256, 512, 700):
+        for b in (1, 3):
+            sh = Shape(B=b, S=s, H=64, Hq=4, Hkv=2, D=16, I=96)
+            plan = fast.plan_for(sh, CPU, compiled=False)
+            for rows, bm in ((sh.M, plan.qkv.BM), (sh.M, plan.down.BM), (sh.M, plan.norm_rows),
+                             (sh.S * sh.G, plan.attention.BM)):
+                assert 16 <= bm <= 256 and (rows <= 32 or -(-rows // bm) >= 2), (b, s, rows, bm)
+            assert -(-sh.S // plan.attention.BN) >= (2 if sh.S > 16 else 1), (b, s, plan.attention)
+
+
 @pytest.mark.parametrize("use_tma", [False, True], ids=["pointers", "tma"])
 def test_attention_never_reads_the_padding_of_vt(use_tma):
     """V^T rows are padded to S_pad keys and nobody writes the padding: NaN there must not

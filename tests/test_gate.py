@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from fuseval import cli
-from fuseval.errors import (EXIT_BAD_FILE, EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_IMPORT_ERROR,
+from fuseval.errors import (EXIT_BAD_FILE, EXIT_HYGIENE, EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_IMPORT_ERROR,
                             EXIT_INTERNAL, EXIT_NO_DEVICE, EXIT_NONFINITE, EXIT_UNKNOWN_OPERATOR, BadFileError,
-                            FusevalError)
+                            FusevalError, UsageError)
 from fuseval.comparison import BlindOutput
 from fuseval.gate import PROFILES, RUNNERS, ComponentResult, GateReport, run_component, run_gate
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
@@ -379,3 +379,75 @@ def test_cli_gate_all_reports_the_operator_without_the_implementation(tmp_path, 
                      "--seeds", "1", "--quiet", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == EXIT_IMPORT_ERROR and "unknown implementation 'torch_tf32'" in err and "Traceback" not in err
+
+
+def test_parallel_gate_gives_the_serial_report(tmp_path):
+    """jobs=2 runs the components in two processes; verdicts, order, summaries and exit
+    code are the serial run's, and a broken implementation still fails in its component."""
+    kw = dict(components=["check", "budget", "properties"], cases="0,1", seeds=1, budget_cases="0")
+    serial = run_gate(OP, "torch", **kw)
+    parallel = run_gate(OP, "torch", jobs=2, out=str(tmp_path), **kw)
+    assert [(c.op, c.name, c.status) for c in parallel.components] == \
+        [(c.op, c.name, c.status) for c in serial.components] == \
+        [(OP, "check", "pass"), (OP, "budget", "pass"), (OP, "properties", "pass")]
+    assert [c.summary for c in parallel.components] == [c.summary for c in serial.components]
+    assert (tmp_path / "gate.json").exists() and (tmp_path / f"check-{OP}.json").exists()
+    (tmp_path / "gate_parallel_mod.py").write_text(
+        "from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager\n"
+        "def half(*a):\n    q, k, v = torch_eager(*a)\n    return q, k, v * 0.5\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))              # the pool processes import from the parent's path
+    try:
+        broken = run_gate(OP, "gate_parallel_mod:half", jobs=2, components=["check", "budget"], cases="0",
+                          seeds=1, budget_cases="0")
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert [c.status for c in broken.components] == ["fail", "fail"] and broken.exit_code == EXIT_CHECK_FAILED
+
+
+@pytest.mark.parametrize("jobs", [0, -1, True, "two", 1.5])
+def test_bad_jobs_is_a_usage_error(jobs):
+    with pytest.raises(UsageError, match="jobs: expected"):
+        run_gate(OP, "torch", jobs=jobs, **FAST)
+
+
+_WEIGHTS_CACHE = '''
+import torch
+from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
+_cache = {}
+def impl(*a):
+    key = tuple(float(t.double().sum()) if isinstance(t, torch.Tensor) else t for t in a[3:])
+    if key not in _cache:
+        _cache[key] = tuple(o.clone() for o in torch_eager(*a))
+    return tuple(o.clone() for o in _cache[key])
+'''
+
+
+def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_path, monkeypatch):
+    """With the check in the same gate on the budget's cases, the budget makes no
+    partial-cache calls (they would repeat the check's), and a result cached on the
+    weights is still caught, by the check; a gate of the budget alone makes them itself."""
+    from fuseval import budget as budget_pkg
+    (tmp_path / "gate_cache_mod.py").write_text(_WEIGHTS_CACHE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    calls = []
+    real = budget_pkg.run_budget
+
+    def spy(*a, **kw):
+        calls.append(kw.get("hygiene", True))
+        return real(*a, **kw)
+    monkeypatch.setattr(budget_pkg, "run_budget", spy)
+    both = run_gate(OP, "gate_cache_mod:impl", components=["check", "budget"], cases="0,1", seeds=1,
+                    budget_cases="0", isolate=False)
+    assert calls == [False]
+    check, bud = both.components
+    assert check.status == "fail" and "returned identical outputs" in " ".join(check.messages)
+    assert both.exit_code == EXIT_HYGIENE
+    alone = run_gate(OP, "gate_cache_mod:impl", components=["budget"], cases="0,1", seeds=1, budget_cases="0",
+                     isolate=False)
+    assert calls == [False, True]
+    assert alone.components[0].status == "fail"
+    assert "cached_result" in json.dumps(alone.components[0].data) + " ".join(alone.components[0].messages)
+    # budget cases the check does not run: the budget makes the calls itself
+    run_gate(OP, "torch", components=["check", "budget"], cases="1", seeds=1, budget_cases="0")
+    assert calls[-1] is True

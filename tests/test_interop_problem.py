@@ -237,19 +237,20 @@ def test_check_of_a_custom_input_problem_in_a_worker_process(register):
     assert report.isolated and report.passed, [(c.violations, c.messages) for c in report.cases]
 
 
-@pytest.mark.parametrize("shape, dtype, words", [([], "float32", "'idx' is a 0-d tensor"),
-                                                 (["n"], "int64", "'idx' has dtype int64")])
-def test_problem_names_what_fusevals_check_cannot_hold(tmp_path, register, shape, dtype, words):
-    definition = {"name": "test_unsupported_input", "axes": {"n": {"type": "const", "value": 4}},
-                  "inputs": {"idx": {"shape": shape, "dtype": dtype}},
+def test_integer_and_zero_d_tensors_are_held(tmp_path, register):
+    # once refused ("fuseval's definitions do not represent yet"): an int64 input and a 0-d
+    # tensor are now checked (tests/test_interop_dtypes.py has the details)
+    definition = {"name": "test_int_and_zero_d", "axes": {"n": {"type": "const", "value": 4}},
+                  "inputs": {"idx": {"shape": ["n"], "dtype": "int64"}, "s": {"shape": [], "dtype": "float32"}},
                   "outputs": {"y": {"shape": ["n"], "dtype": "float32"}},
-                  "reference": "import torch\n\n\ndef run(idx):\n    return torch.zeros(4) + idx\n"}
+                  "reference": "import torch\n\n\ndef run(idx, s):\n    return idx.to(torch.float32) * s\n"}
     (tmp_path / "definition.json").write_text(json.dumps(definition))
-    workload = {"uuid": "u", "axes": {}, "inputs": {"idx": {"type": "random"}}}
+    workload = {"uuid": "u", "axes": {}, "inputs": {"idx": {"type": "random"}, "s": {"type": "random"}}}
     (tmp_path / "workload.jsonl").write_text(json.dumps(workload) + "\n")
     spec = register(str(tmp_path))
-    with pytest.raises(ProblemError, match=words):
-        fuseval.ops.get(spec.name)
+    d = fuseval.ops.get(spec.name).definition
+    assert [s.shape for s in d.inputs] == [("n",), ()]
+    assert fuseval.check(spec.name, "sol_reference").passed
 
 
 def test_float_bounds_of_the_tolerance_are_kept():

@@ -120,6 +120,8 @@ def test_writable_outputs_still_work(tmp_path, capsys):
 @pytest.mark.parametrize("argv, needle", [
     (["gate", "--op", OP, "--seeds", "0"], ">= 1"),
     (["gate", "--op", OP, "--seeds", "-2"], ">= 1"),
+    (["gate", "--op", OP, "--jobs", "0"], "--jobs: expected a number of processes >= 1"),
+    (["gate", "--op", OP, "--jobs", "many"], "--jobs: expected a number of processes >= 1"),
     (["check", "--op", OP, "--impl", "torch", "--cases", ""], "empty"),
     (["check", "--op", OP, "--impl", "torch", "--cases", ","], "empty"),
     (["check", "--op", OP, "--impl", "torch", "--cases", "1,1"], "more than once"),

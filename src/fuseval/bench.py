@@ -318,6 +318,7 @@ class BenchSpec:
     impls: list[str]
     fast: str | None
     cost_model: Callable[[Mapping[str, int]], Mapping[str, Any]] | None
+    parts: Callable[..., Mapping[str, Any]] | None = None      # the fast path's parts (bench_parts)
 
     @property
     def baselines(self) -> list[str]:
@@ -333,7 +334,7 @@ def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpe
     if not chosen:
         raise ValueError(f"{defn.name}: no implementation to benchmark")
     fast = op.bench_fast if op.bench_fast in chosen else None
-    return BenchSpec(defn.name, chosen, fast, op.cost())
+    return BenchSpec(defn.name, chosen, fast, op.cost(), op.parts_of_fast() if fast else None)
 
 
 def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:
@@ -358,6 +359,7 @@ class CaseBench:
     floor_sustained_ms: float | None = None          # the floor at the sustained matmul rate
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
     clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (bench_parts)
 
     def median(self, impl: str) -> float | None:
         t = self.timings.get(impl)
@@ -437,11 +439,12 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
               warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
               max_reps: int = MAX_REPS,
               ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
-              progress: Callable[[str], None] | None = None) -> BenchReport:
+              parts: bool = True, progress: Callable[[str], None] | None = None) -> BenchReport:
     """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
     ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``).
     ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
-    for that many seconds, and give each case a sustained floor (0: not)."""
+    for that many seconds, and give each case a sustained floor (0: not). ``parts``: also
+    time the fast path's parts apart (:mod:`fuseval.bench_parts`) where its operator declares them."""
     from .clocks import ClockMonitor, wall
     from .clocks import summarize as summarize_clocks
 
@@ -452,6 +455,8 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     operator = _ops.get(op, config)
     defn = operator.definition
     spec = bench_spec(defn, impls)
+    if not parts:
+        spec.parts = None
     fns = {name: operator.implementation(name) for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
     fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
@@ -548,6 +553,10 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
             except Exception as exc:  # noqa: BLE001 - a failing implementation is reported, not fatal
                 cb.timings[name] = None
                 cb.errors[name] = f"{type(exc).__name__}: {exc}"
+        if spec.parts is not None and cb.timings.get(spec.fast):
+            from .bench_parts import time_parts
+            cb.parts = time_parts(spec.parts(*inputs), ceilings, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                                  min_reps=min_reps, max_reps=max_reps, flush=flush)
         results.append(cb)
         del inputs
         torch.cuda.empty_cache()

@@ -103,8 +103,43 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
             out.print(f"case {cb.case}: {impl} was not timed: {err}", markup=False, highlight=False)
     if report.checked:
         _print_error_table(report, out)
+    _print_parts_table(report, out)
     for line in summary_lines(report):
         out.print(line, markup=False, highlight=False)
+
+
+def _print_parts_table(report: BenchReport, out) -> None:
+    """The fast path's parts per case: GPU time (graph replay), each against its own floor."""
+    from rich.table import Table
+    names = list(dict.fromkeys(n for cb in report.cases for n in cb.parts))
+    if not names:
+        return
+    table = Table(title=f"{report.fast}: its parts timed apart (GPU time of CUDA-graph replays, host work left "
+                        "out; % of each part's own floor)")
+    table.add_column("case", justify="right")
+    for n in names:
+        table.add_column(f"{n} ms", justify="right")
+        table.add_column("% floor", justify="right")
+    table.add_column("sum ms", justify="right")
+    table.add_column(f"{report.fast} ms", justify="right")
+    for cb in report.cases:
+        if not cb.parts:
+            continue
+        row, total = [str(cb.case)], 0.0
+        for n in names:
+            p = cb.parts.get(n) or {}
+            t, floor = p.get("median_ms"), p.get("floor_ms")
+            total = total + t if t is not None and total is not None else None
+            row += [_ms(t), _percent(floor / t) if t and floor else "-"]
+        table.add_row(*row, _ms(total), _ms(cb.median(report.fast)))
+    out.print(table)
+    for cb in report.cases:
+        for n, p in cb.parts.items():
+            if p.get("error"):
+                out.print(f"case {cb.case}: part {n} was not timed: {p['error']}", markup=False, highlight=False)
+    whats = {n: p.get("what") for cb in report.cases for n, p in cb.parts.items() if p.get("what")}
+    for n, what in whats.items():
+        out.print(f"part {n}: {what}", markup=False, highlight=False)
 
 
 def _print_error_table(report: BenchReport, out) -> None:

@@ -7,6 +7,13 @@ max-abs bound, NaN/Inf, all-zero) under one of two rule sets (``RULES``): ``"fus
 match) and ``"sol"``, the benchmark's evaluator (float32 comparison; any NaN or Inf on
 either side fails).
 
+Integer and bool outputs (``fuseval.inputs.exact_dtype``) are compared **exactly** under
+the ``fuseval`` rules: an element matches only when it equals the oracle's (the
+tolerance's atol and rtol do not apply: there is no rounding error to allow for), and the
+case still needs the tolerance's matched ratio; ``OutputMetrics.exact`` says so in every
+report. The ``sol`` rules keep the benchmark's own comparison (float32 and its tolerance,
+for integers too), since they predict its verdict.
+
 ``blind_outputs`` reports the outputs on which a tolerance is blind: where the absolute
 tolerance is at least a tenth of the output's RMS, an error of 10% of the output's size
 passes every element, so a kernel off by that much would be judged correct.
@@ -20,6 +27,7 @@ from typing import Sequence
 import torch
 
 from .definitions import TensorSpec, Tolerance
+from .inputs import exact_dtype
 
 __all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION"]
 
@@ -44,6 +52,7 @@ class OutputMetrics:
     passed: bool
     reasons: list[str] = field(default_factory=list)
     worst_index: tuple[int, ...] | None = None
+    exact: bool = False     # compared exactly (integer / bool output): atol and rtol did not apply
 
     def margin(self, tol: Tolerance) -> float:
         """Matched ratio minus the required ratio (negative: failing)."""
@@ -55,6 +64,8 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     """Compare an implementation's output with the oracle's under ``tol`` and ``rules``."""
     if rules not in RULES:
         raise ValueError(f"rules: expected one of {RULES}, got {rules!r}")
+    if rules == "fuseval" and (exact_dtype(out.dtype) or exact_dtype(ref.dtype)):
+        return _compare_exact(out, ref, tol, name)
     if rules == "sol":
         return _compare_sol(out, ref, tol, name)
     o = out.detach().to(torch.float64)
@@ -87,6 +98,29 @@ def _compare_sol(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str
     all_zero = bool(torch.linalg.vector_norm(_finite_or_zero(r, r_fin)) > 0) \
         and bool(torch.linalg.vector_norm(_finite_or_zero(o, o_fin)) == 0) and not bad_nonfinite
     return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _compare_exact(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str) -> OutputMetrics:
+    """An integer or bool output: an element matches when it equals the oracle's value
+    (compared in int64, exact for every integer dtype; an oracle lifted to float64 gives
+    integers exactly below 2**53). The error statistics are of the differences in float64."""
+    o = out.detach()
+    r = ref.detach().to(device=o.device)
+    if r.is_floating_point():
+        r_fin = torch.isfinite(r)
+        r_int = torch.where(r_fin, r, torch.zeros((), dtype=r.dtype, device=r.device))
+        ok = r_fin & (r_int == r_int.round()) & (o.to(torch.float64) == r_int.to(torch.float64))
+        bad_nonfinite = int((~r_fin).sum())
+    else:
+        r_fin = torch.ones_like(o, dtype=torch.bool)
+        ok = o.to(torch.int64) == r.to(torch.int64)
+        bad_nonfinite = 0
+    o64, r64 = o.to(torch.float64), r.to(torch.float64)
+    diff = torch.where(r_fin, (o64 - r64).abs(), torch.full_like(o64, math.inf))
+    all_zero = bool(o.numel()) and not bool(o.to(torch.bool).any()) and bool(((r64 != 0) & r_fin).any())
+    m = _metrics(name, o64, r64, diff, ok, r_fin, bad_nonfinite, all_zero, tol)
+    m.exact = True
+    return m
 
 
 def _finite_or_zero(t: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:

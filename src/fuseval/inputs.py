@@ -9,7 +9,10 @@ Two modes:
   ``randn``; ``*norm_weight`` / ``*layernorm_weight`` are ones; weight matrices are
   ``randn / sqrt(last dim)``; other biases ``randn``; ``cos`` = cos(clamp(randn, -pi, pi)),
   ``sin`` = sin of an independent draw; fp8 tensors clamp(randn, -2, 2) rounded to e4m3;
-  fp4 tensors randn rounded to the e2m1 grid (ties to even), packed in pairs.
+  fp4 tensors randn rounded to the e2m1 grid (ties to even), packed in pairs; bool
+  ``randint(0, 2)``, int8 ``randint(-128, 128)``, other integers ``randint(-1024, 1024)``;
+  fp8 e5m2 clamp(randn, -2, 2) cast to the format. A ``shape: []`` input is a 0-d tensor
+  drawn by the same rules.
 * ``"realistic"`` is what a real model feeds the operator: cos/sin from position ids
   (rope_theta from the definition; three position axes t, h, w for multimodal RoPE),
   norm weights near 1, and NVFP4 weights quantized from a Gaussian weight matrix with the
@@ -40,7 +43,8 @@ from . import operators
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
-__all__ = ["generate_inputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "input_generator",
+__all__ = ["generate_inputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "INTEGER_RANGES",
+           "exact_dtype", "input_generator",
            "positions_to_cos_sin", "save_inputs", "load_inputs"]
 
 # dtype names of the definitions -> the torch storage dtype implementations receive
@@ -50,8 +54,29 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,
     "float16": torch.float16,
     "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
     "float4_e2m1fn_x2": torch.uint8,   # two e2m1 codes per byte, low nibble = even column
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "bool": torch.bool,
 }
+
+# integer dtypes: the benchmark's generic rule draws randint over these ranges [lo, hi)
+INTEGER_RANGES: dict[str, tuple[int, int]] = {"int8": (-128, 128), "int16": (-1024, 1024),
+                                              "int32": (-1024, 1024), "int64": (-1024, 1024)}
+
+
+_EXACT = (torch.bool, torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def exact_dtype(dtype: str | torch.dtype) -> bool:
+    """Whether values of ``dtype`` (a definition name or a torch dtype) are compared exactly:
+    signed integers and bool, which have no rounding error to allow for (uint8 is fuseval's
+    storage of packed fp4 codes, compared as before)."""
+    t = TORCH_DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    return t in _EXACT
 
 MODES = ("benchmark", "realistic")
 
@@ -70,6 +95,13 @@ def _randn(shape, g) -> torch.Tensor:
 
 def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
     name, dtype = spec.name, spec.dtype
+    if dtype == "bool":
+        return torch.randint(0, 2, shape, generator=g, device=g.device).bool()
+    if dtype in INTEGER_RANGES:
+        lo, hi = INTEGER_RANGES[dtype]
+        return torch.randint(lo, hi, shape, generator=g, device=g.device, dtype=TORCH_DTYPES[dtype])
+    if dtype == "float8_e5m2":
+        return _randn(shape, g).clamp(-2, 2).to(torch.float8_e5m2)
     if dtype == "float4_e2m1fn_x2":
         # packed shape [rows, K/2]: draw [rows, K] and round each value onto the e2m1 grid
         full = _randn(shape[:-1] + (shape[-1] * 2,), g)

@@ -137,17 +137,28 @@ def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = T
                 f"{defn.name}: input {name!r} has {axis} = {observed}, expected "
                 f"{exprs[axis]} = {bound[axis]} (with "
                 + ", ".join(f"{n}={bound[n]}" for n in sorted(bound) if n in exprs[axis]) + ")")
-    for a in defn.axes.values():
-        if a.name not in bound and a.kind == "expr":
-            try:
-                bound[a.name] = int(evaluate_expression(a.expression, bound))
-            except KeyError:
-                pass
+    _complete(defn, bound)
     missing = [a for a in defn.axes if a not in bound]
     if missing:
         raise ValueError(f"{defn.name}: axes {missing} cannot be read off the inputs")
     defn.check_constraints(bound)
     return bound
+
+
+def _complete(defn: Definition, bound: dict[str, int]) -> None:
+    """Bind the axes no input shape shows: a const axis (one that only sizes an output, or a
+    parameter such as a RoPE theta written as an axis) can only be the definition's own
+    value; expression axes follow from the others."""
+    for a in defn.axes.values():
+        if a.name not in bound and a.kind == "const":
+            bound[a.name] = int(a.value)
+    for _ in range(len(defn.axes)):
+        for a in defn.axes.values():
+            if a.name not in bound and a.kind == "expr":
+                try:
+                    bound[a.name] = int(evaluate_expression(a.expression, bound))
+                except KeyError:
+                    pass
 
 
 def check_outputs_shape(defn: Definition, outputs: Any, bound: Mapping[str, int]) -> list[str]:

@@ -18,7 +18,10 @@ Format (docs/budget.md has the full description and the derivation of the defaul
 An allowance is ``{"kind": "abs", "max": X}``, ``{"kind": "ulp", "max": X}`` or
 ``{"kind": "relative_to_naive", "factor": F, "floor_ulp": N}``, with optional
 ``"metric"`` (which error metric it bounds, see :mod:`fuseval.budget.metrics`) and
-``"applies_to"`` ("local", the default, or "propagated"). Numbers may be written as
+``"applies_to"`` ("local", the default, or "propagated"). The metric ``tolerance_used``
+(end to end only) is the share of each case's own tolerance the final outputs spend
+(:func:`fuseval.budget.metrics.tolerance_use`): ``{"kind": "abs", "metric":
+"tolerance_used", "max": 1}`` is "within each workload's tolerance". Numbers may be written as
 expressions over the operator's axes (``"2 + log2(hidden_size)"``), evaluated per case.
 A stage may list several allowances; all must hold.
 
@@ -35,7 +38,7 @@ from typing import Any, Mapping
 
 from ..definitions import Definition, list_operators, load
 from ..precision import PRECISIONS, canonical, check_precision, ulp, unit_roundoff
-from .metrics import ABS_METRICS, METRICS, REL_METRICS, ULP_METRICS
+from .metrics import ABS_METRICS, METRICS, REL_METRICS, TOLERANCE_METRICS, ULP_METRICS
 
 __all__ = ["Allowance", "StageBudget", "EndToEndBudget", "Budget", "load_budget", "default_budget_path",
            "SCHEMA_VERSION", "KINDS"]
@@ -153,6 +156,9 @@ def _allowance(raw: Any, where: str, axis_names: set[str], *, stage: bool) -> Al
     if metric not in allowed_metrics:
         raise ValueError(f"{where}.metric: expected one of {list(allowed_metrics)} for kind {kind!r}, "
                          f"got {metric!r}")
+    if stage and metric in TOLERANCE_METRICS:
+        raise ValueError(f"{where}.metric: {metric!r} is the share of the case's tolerance the final outputs "
+                         "spend: an end_to_end allowance, not a stage's")
     applies_to = raw.get("applies_to", "local")
     if applies_to not in ("local", "propagated"):
         raise ValueError(f"{where}.applies_to: expected 'local' or 'propagated', got {applies_to!r}")

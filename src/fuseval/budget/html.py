@@ -136,12 +136,15 @@ def _against_cases(d: dict) -> str | None:
     if not cases:
         return None
     axes_names = list(cases[0]["axes"])
+    if not axes_names:
+        return None
     seq = next((a for a in ("seq_len", "kv_seq_len") if a in axes_names), axes_names[0])
     batch = "batch_size" if "batch_size" in axes_names else None
     panels = [seq] + ([batch] if batch else [])
     fig = _figure(4.2 * (len(panels) + (1 if d["staged"] else 0)), 3.4)
     for p, axis in enumerate(panels):
         ax = fig.add_subplot(1, len(panels) + (1 if d["staged"] else 0), p + 1)
+        drawn: list[float] = []
         for kind, label in (("impl", "implementation"), ("naive", "naive"), ("reference_fp32", "float32 ref"),
                             ("torch", "plain torch")):
             xs, ys = [], []
@@ -150,11 +153,13 @@ def _against_cases(d: dict) -> str | None:
                 if m:
                     xs.append(c["axes"][axis])
                     ys.append(_positive(number(m["max_abs"])))
+            drawn += [y for y in ys if not math.isnan(y)]
             if xs:
                 ax.scatter(xs, ys, label=label, s=18, color=_COLORS.get(kind if kind != "reference_fp32" else "fp32"),
                            marker="o" if kind == "impl" else "x")
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
+        if drawn:                  # every error exactly 0: nothing to put on log axes
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
         ax.set_xlabel(axis)
         ax.set_ylabel("final max |err|")
         ax.grid(alpha=0.3)

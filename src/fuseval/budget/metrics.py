@@ -18,6 +18,9 @@ plots read one shape:
 ``hist``         counts of log10 |error| in the bins of :data:`HIST_EDGES` (exact zeros
                  counted separately in ``hist_zero``); only when asked for
 
+Final outputs add ``tolerance_used`` (:func:`tolerance_use`, the largest over the outputs):
+how much of the case's tolerance the outputs spend, 1.0 being all of it.
+
 Precisions are named (``"float32"``, ``"tf32"``...) as in :mod:`fuseval.precision`, the
 one table of formats, unit roundoffs and ulps.
 """
@@ -30,13 +33,15 @@ import torch
 
 from ..precision import dtype_precision, ulp
 
-__all__ = ["error_metrics", "final_metrics", "storage_precision", "HIST_EDGES", "METRICS", "ULP_METRICS",
-           "ABS_METRICS", "REL_METRICS"]
+__all__ = ["error_metrics", "final_metrics", "storage_precision", "tolerance_use", "kth_smallest", "HIST_EDGES", "METRICS",
+           "ULP_METRICS", "ABS_METRICS", "REL_METRICS", "TOLERANCE_METRICS"]
 
 ABS_METRICS = ("max_abs",)
 REL_METRICS = ("rel_l2",)
 ULP_METRICS = ("ulp_median", "ulp_p99", "ulp_max", "max_abs_ulp")
-METRICS = ABS_METRICS + REL_METRICS + ULP_METRICS
+# of final outputs only (end-to-end allowances): the share of the case's tolerance spent
+TOLERANCE_METRICS = ("tolerance_used",)
+METRICS = ABS_METRICS + REL_METRICS + ULP_METRICS + TOLERANCE_METRICS
 
 # log10 |error| histogram: 0.25-decade bins from 1e-16 to 1e4; values outside land in the
 # end bins, exact zeros are counted apart
@@ -134,6 +139,57 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
     return out
 
 
+def tolerance_use(out: torch.Tensor, ref: torch.Tensor, tol) -> float:
+    """How much of the tolerance ``tol`` an output spends: the ``min_matched_ratio``
+    quantile of the elements' ``|out - ref| / (atol + rtol |ref|)`` (a non-finite element, or
+    a NaN/Inf the oracle does not have, counts as infinitely far). The case's matched ratio
+    reaches the required one exactly when this is at most 1, so 0.4 means: the element at the
+    required ratio sits at 40% of its bound. Integer and bool outputs are compared exactly
+    (:func:`fuseval.inputs.exact_dtype`): an element spends 0 when equal, infinitely much
+    when not."""
+    from ..inputs import exact_dtype
+    o = out.detach()
+    r = ref.detach().to(device=o.device)
+    if o.numel() == 0:
+        return 0.0
+    if exact_dtype(o.dtype) or exact_dtype(r.dtype):
+        equal = o.to(torch.float64) == r.to(torch.float64)
+        ratio = torch.where(equal, torch.zeros((), dtype=torch.float64), torch.full((), math.inf, dtype=torch.float64))
+    else:
+        o64, r64 = o.to(torch.float64), r.to(torch.float64)
+        both = torch.isfinite(o64) & torch.isfinite(r64)
+        same = ~both & ((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
+        bound = tol.atol + tol.rtol * r64.abs()
+        ratio = torch.where(both, (o64 - r64).abs() / bound, torch.full_like(o64, math.inf))
+        ratio = torch.where(same, torch.zeros_like(ratio), ratio)
+        ratio = torch.nan_to_num(ratio, nan=math.inf)    # 0 / 0: an exact element with a zero bound
+        ratio = torch.where(both & (o64 == r64), torch.zeros_like(ratio), ratio)
+    k = min(ratio.numel(), max(1, math.ceil(tol.min_matched_ratio * ratio.numel())))
+    return kth_smallest(ratio.flatten(), k)
+
+
+def kth_smallest(x: torch.Tensor, k: int, *, bisect: bool | None = None) -> float:
+    """The k-th smallest (1-based) of a flat float64 tensor of values >= 0 (inf allowed).
+
+    On CUDA ``torch.kthvalue`` selects within one slice on one thread block, which takes
+    seconds for the 10^8 elements of a full-size output; there, above a million elements
+    (or with ``bisect=True``), the answer is found by bisection on the bit patterns
+    (non-negative doubles order as their int64 bits): at most 63 counting passes, exact."""
+    if bisect is None:
+        bisect = x.device.type == "cuda" and x.numel() > 1 << 20
+    if not bisect:
+        return float(x.kthvalue(k).values)
+    bits = x.view(torch.int64)
+    lo, hi = 0, int(bits.max())              # the answer's bits lie in [lo, hi]
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if int((bits <= mid).sum()) >= k:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(torch.tensor(lo, dtype=torch.int64).view(torch.float64))
+
+
 def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor], names: Sequence[str],
                   tolerance, precision: str, *, full: bool = True) -> dict[str, Any]:
     """Metrics of a pipeline's final outputs: the benchmark tolerance verdict per output
@@ -153,16 +209,23 @@ def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor
         sq_err += (m.rel_l2 * ref_norm) ** 2 if math.isfinite(m.rel_l2) else math.inf
         sq_ref += ref_norm ** 2
         per.append({"name": name, "max_abs": m.max_abs, "rel_l2": m.rel_l2, "matched_ratio": m.matched_ratio,
-                    "passed": m.passed, "reasons": list(m.reasons), "nonfinite": m.nonfinite})
+                    "passed": m.passed, "reasons": list(m.reasons), "nonfinite": m.nonfinite,
+                    "exact": m.exact, "tolerance_used": tolerance_use(out, ref, tolerance)})
     res: dict[str, Any] = {
         "tolerance_passed": all(p["passed"] for p in per),
         "matched_ratio": min(p["matched_ratio"] for p in per) if per else 1.0,
         "max_abs": max(p["max_abs"] for p in per) if per else 0.0,
         "rel_l2": math.sqrt(sq_err / sq_ref) if sq_ref > 0 else (0.0 if sq_err == 0 else math.inf),
         "reasons": sorted({r for p in per for r in p["reasons"]}),
+        "tolerance_used": max((p["tolerance_used"] for p in per), default=0.0),
         "outputs": per,
     }
     if full:
+        # the error metrics of all outputs together (ulps of the float ones: an integer or
+        # bool output has no ulp to count in, its verdict is the exact comparison above)
+        from ..inputs import exact_dtype
+        floats = [(o, r) for o, r in zip(outputs, oracle) if not exact_dtype(o.dtype)] or list(zip(outputs, oracle))
+        outputs, oracle = [o for o, _ in floats], [r for _, r in floats]
         value = torch.cat([o.detach().reshape(-1).to(torch.float64) for o in outputs])
         ref = torch.cat([r.detach().reshape(-1).to(device=value.device, dtype=torch.float64) for r in oracle])
         em = error_metrics(value, ref, precision, hist=True)

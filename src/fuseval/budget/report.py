@@ -71,6 +71,8 @@ class EndToEnd:
     checks: list[dict] = field(default_factory=list)
     tolerance_passed: bool | None = None
     passed: bool = False
+    # the end-to-end allowances evaluated on each baseline (naive, reference_fp32, torch)
+    baseline_checks: dict[str, list[dict]] = field(default_factory=dict)
 
 
 @dataclass
@@ -112,6 +114,8 @@ class BudgetReport:
     cases: list[BudgetCase]
     seconds: float
     torch_version: str = ""
+    # what the "torch" baseline runs (an implementation name of the operator's table)
+    torch_baseline: str = "torch"
 
     # ---- verdicts
     @property
@@ -310,6 +314,36 @@ def _cases(ids: list) -> str:
     return ", ".join(str(i) for i in ids[:8]) + (f" (+{len(ids) - 8})" if len(ids) > 8 else "")
 
 
+def _torch_label(d: dict[str, Any]) -> str:
+    label = d.get("torch_baseline") or "torch"
+    return "plain torch" if label == "torch" else f"`{label}`"
+
+
+def _case_table(d: dict[str, Any]) -> list[str]:
+    """Per case, how much of the end-to-end allowance the implementation and each baseline
+    spend (an operator without stages, e.g. an imported problem, whose budget is end to end)."""
+    torch_label = d.get("torch_baseline") or "torch"
+    kinds = [k for k in ("torch", "reference_fp32", "naive")
+             if any(c["end_to_end"].get("baseline_checks", {}).get(k) for c in d["cases"])]
+    label = {"torch": f"`{torch_label}`", "reference_fp32": "float32 reference", "naive": "naive"}
+    head = "| case | axes | impl used | impl max abs | " + " | ".join(f"{label[k]} used | {label[k]} max abs"
+                                                                    for k in kinds)
+    out = [head + " |", "|---:|---|---:|---:|" + "---:|---:|" * len(kinds)]
+    for c in d["cases"]:
+        e = c["end_to_end"]
+        used = lambda checks: max((number(ch["usage"]) for ch in checks), default=math.nan)
+        row = [str(c["case"]), " ".join(f"{k}={v}" for k, v in c["axes"].items()) or "-",
+               _pct(used(e.get("checks") or [])), _e((e.get("impl") or {}).get("max_abs", math.nan))]
+        for k in kinds:
+            row += [_pct(used(e.get("baseline_checks", {}).get(k) or [])),
+                    _e((e.get(k) or {}).get("max_abs", math.nan))]
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    out.append("*used*: the largest value / limit over the end-to-end allowances, per case (with the "
+               "allowance `tolerance_used <= 1`: the share of the case's own tolerance spent; over 100%: fails).")
+    return out
+
+
 def render_markdown(d: dict[str, Any]) -> str:
     """A short Markdown report (fits a PR comment): verdict, per-stage table, end to end."""
     s = d["summary"]
@@ -358,6 +392,9 @@ def render_markdown(d: dict[str, Any]) -> str:
                          f"{_e(st['fp32_propagated_max_abs'])} | {verdict} |")
         lines.append("")
         lines += [f"Budget {letter}: {text} (local error)." for text, letter in legend.items()] + [""]
+    elif not d["stages"]:
+        lines += ["The operator has no stages (an imported problem's reference names none: docs/interop.md), "
+                  "so its budget is end to end.", ""]
     else:
         lines += ["The implementation exposes no stage taps (`forward.staged`), so only the final outputs "
                   "are judged (see docs/budget.md for the protocol).", ""]
@@ -371,7 +408,9 @@ def render_markdown(d: dict[str, Any]) -> str:
                  f"(matched >= {'-' if math.isnan(matched) else f'{100 * matched:.2f}%'}"
                  f"{', tolerance failed in cases ' + _cases(e['tolerance_failed']) if e['tolerance_failed'] else ''}); "
                  f"baselines: naive {_e(e['naive_max_abs'])}, float32 reference {_e(e['reference_fp32_max_abs'])}, "
-                 f"plain torch {_e(e['torch_max_abs'])}.")
+                 f"{_torch_label(d)} {_e(e['torch_max_abs'])}.")
+    if not d["stages"]:
+        lines += ["", *_case_table(d)]
     msgs = []
     for c in d["cases"]:
         for m in c["messages"]:

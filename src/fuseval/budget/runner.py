@@ -167,8 +167,15 @@ class _CaseRunner:
         self.stages = [s.name for s in defn.stages]
         self.parents = {s.name: s.parent for s in defn.stages}
         self.reference = _reference(defn)
-        self.oracle = functools.partial(self.reference, validate=False)
-        self.reference32 = functools.partial(self.reference, dtype=torch.float32, validate=False)
+        # an oracle without stages (an imported problem's lifted reference) takes the inputs
+        # alone: no taps, no validate switch, no float32 twin
+        self.tapped = bool(self.stages) or _has_params(self.reference, "taps")
+        plain = not _has_params(self.reference, "validate")
+        self.oracle = self.reference if plain else functools.partial(self.reference, validate=False)
+        self.reference32 = functools.partial(self.reference, dtype=torch.float32, validate=False) \
+            if _has_params(self.reference, "dtype") else None
+        self.tolerance = defn.tolerance       # the case's own, set per case by run()
+        self.hygiene = True                   # make the partial-cache calls (run_budget's hygiene)
         self.out_dtypes = [TORCH_DTYPES[s.dtype] for s in defn.outputs]
         self.out_names = [s.name for s in defn.outputs]
         self.needs_naive = any(a.kind == "relative_to_naive" for sb in budget.stages.values()
@@ -185,7 +192,7 @@ class _CaseRunner:
 
     def _final(self, outputs, oracle_out) -> dict[str, Any]:
         outs = [o.to(d) if o.dtype != d else o for o, d in zip(outputs, self.out_dtypes)]
-        return final_metrics(outs, oracle_out, self.out_names, self.defn.tolerance, self.budget.end_to_end.dtype)
+        return final_metrics(outs, oracle_out, self.out_names, self.tolerance, self.budget.end_to_end.dtype)
 
     def run(self, case, seed: int, mode: str, drawn: Future | None = None) -> BudgetCase:
         """One case. ``drawn``: a future of the case's inputs (prefetched on the run's device
@@ -194,6 +201,7 @@ class _CaseRunner:
         seconds: dict[str, float] = {}
         messages: list[str] = []
         axes_all = defn.resolve_axes(case.axes)
+        self.tolerance = case.tolerance or defn.tolerance
         if drawn is None:
             inputs = self._timed(seconds, "inputs", lambda: generate_inputs(defn, case.axes, seed=seed, mode=mode,
                                                                              device=dev))
@@ -202,14 +210,15 @@ class _CaseRunner:
                 v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v for v in drawn.result()])
         oracle_taps: dict[str, torch.Tensor] = {}
         oracle_out = self._timed(seconds, "oracle", lambda: _as_tuple(
-            self.reference(*inputs, taps=oracle_taps)))   # validates the inputs once
+            self.reference(*inputs, taps=oracle_taps) if self.tapped else
+            self.reference(*inputs)))   # validates the inputs once
         results = {name: StageResult(name, self.parents[name], self.budget.stages[name].dtype)
                    for name in self.stages}
         e2e = EndToEnd()
 
         produced = self._production(inputs, oracle_out, e2e, seconds, messages)
         raised = produced is None
-        if produced is not None and e2e.impl and e2e.impl.get("tolerance_passed"):
+        if self.hygiene and produced is not None and e2e.impl and e2e.impl.get("tolerance_passed"):
             raised |= self._timed(seconds, "hygiene", lambda: self._partial_cache(
                 case, seed, mode, inputs, produced, messages))
         if self.staged is not None:
@@ -269,7 +278,7 @@ class _CaseRunner:
                 bad = True
                 continue
             refs = _as_tuple(self.oracle(*call.inputs))
-            wrong = [m for m in (compare(o, r, self.defn.tolerance, n) for o, r, n in zip(out, refs, self.out_names))
+            wrong = [m for m in (compare(o, r, self.tolerance, n) for o, r, n in zip(out, refs, self.out_names))
                      if not m.passed]
             if wrong:
                 messages.append(f"cached_result: a call with {call.what} does not match the oracle on its "
@@ -353,7 +362,7 @@ class _CaseRunner:
             try:
                 out = self._timed(seconds, "downstream", lambda: _as_tuple(self.oracle(*inputs, override=override)))
                 results[name].downstream = self._timed(seconds, "metrics", lambda: final_metrics(
-                    out, oracle_out, self.out_names, self.defn.tolerance, self.budget.end_to_end.dtype,
+                    out, oracle_out, self.out_names, self.tolerance, self.budget.end_to_end.dtype,
                     full=False))
                 del out
             except Exception as exc:  # noqa: BLE001 - e.g. a tap of the wrong shape
@@ -391,7 +400,8 @@ class _CaseRunner:
         e2e.naive = self._final(final, oracle_out)
 
     def _baselines(self, inputs, oracle_taps, oracle_out, results, e2e, seconds, messages) -> None:
-        """The float32 reference (per stage and final) and plain torch (final)."""
+        """The float32 reference (per stage and final; where the oracle has a float32 twin)
+        and plain torch (final)."""
         def fp32():
             taps32: dict[str, torch.Tensor] = {}
             out32 = _as_tuple(self.reference32(*inputs, taps=taps32))
@@ -399,7 +409,8 @@ class _CaseRunner:
                 r = results[name]
                 r.fp32_propagated = error_metrics(taps32[name], oracle_taps[name], r.precision or r.dtype)
             e2e.reference_fp32 = self._final(out32, oracle_out)
-        self._timed(seconds, "baselines", fp32)
+        if self.reference32 is not None:
+            self._timed(seconds, "baselines", fp32)
         if self.torch_impl is not None:
             def plain_torch():
                 e2e.torch = self._final(_as_tuple(self.torch_impl(*inputs)), oracle_out)
@@ -428,6 +439,14 @@ class _CaseRunner:
                                  axes_all, e2e.impl.get("scale", 0.0), self.budget.end_to_end.dtype, stage=False)
             e2e.passed = (e2e.tolerance_passed or not self.budget.end_to_end.tolerance) and \
                 all(c["passed"] for c in e2e.checks)
+        # the same end-to-end allowances on the baselines (e.g. how much of each workload's
+        # tolerance the benchmark's own reference spends): reported, never the verdict
+        for kind in ("naive", "reference_fp32", "torch"):
+            measured = getattr(e2e, kind)
+            if measured is not None:
+                e2e.baseline_checks[kind] = _checks(
+                    self.budget.end_to_end.allowances, {"final": measured}, {"final": e2e.naive}, axes_all,
+                    measured.get("scale", 0.0), self.budget.end_to_end.dtype, stage=False)
         first = next((n for n in self.stages if results[n].passed is False), None)
         if first is None and not e2e.passed:
             first = "end_to_end"
@@ -441,7 +460,7 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
                progress: Callable[[BudgetCase, int, int], None] | None = None,
                baselines: bool = True, cpu_threads: int | None = None,
                prefetch: int | None = None, isolate: bool | None = None,
-               timeout: float | None = None) -> BudgetReport:
+               timeout: float | None = None, hygiene: bool = True) -> BudgetReport:
     """Per-stage error-budget report of ``impl`` on ``op``'s benchmark cases.
 
     ``impl``: a name of the operator's table ("fast", "torch", "reference_fp32"...),
@@ -462,6 +481,10 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     within ``timeout`` seconds; a call that ends without outputs (timeout, exit, crash,
     tampering) makes the case fail as raised, with the violation in its messages.
 
+    ``hygiene`` False leaves out the partial-cache calls (:mod:`fuseval.hygiene`): for a
+    caller that applied the same rules to the same cases, seed and inputs already (the
+    gate's check component), so that they are not made twice.
+
     Case i uses inputs drawn with seed + i, like ``fuseval check``."""
     operator = _ops.get(op, config)
     defn = operator.definition
@@ -472,6 +495,7 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         None if isinstance(fn, IsolatedImpl) else staged_of(defn, impl, fn)
     torch_impl = operator.implementation("torch") if baselines and "torch" in defn.implementations else None
     runner = _CaseRunner(defn, bud, fn, staged, torch_impl, dev, baselines)
+    runner.hygiene = bool(hygiene)
     selected = defn.cases(cases)
     results = []
     if cpu_threads is None and dev.type == "cpu" and defn.config != "seed":
@@ -515,7 +539,8 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
         budget=bud.to_dict(), budget_summary=_budget_summary(bud),
         stages=runner.stages, stage_parents={k: v for k, v in runner.parents.items() if v},
         staged=staged is not None, cases=results, seconds=time.perf_counter() - t0,
-        torch_version=torch.__version__)
+        torch_version=torch.__version__,
+        torch_baseline=defn.implementations.get("torch", "torch").rpartition(":")[2] if torch_impl else "torch")
 
 
 def _implementation(operator, impl, dev: torch.device, isolate: bool, timeout: float | None):

@@ -46,6 +46,8 @@ def add_arguments(p) -> None:
                    help="also measure the matmul ceiling of the operator's dtype sustained for S seconds "
                         "(its last half, at whatever clock the power cap leaves) and report the floor at "
                         "that rate next to the burst floor; 0 turns it off (default 4)")
+    p.add_argument("--no-parts", action="store_true",
+                   help="do not time the fast path's parts apart (where the operator declares them)")
     p.add_argument("--require-gpu", action="store_true",
                    help="exit with code 6 instead of skipping when there is no CUDA device")
 
@@ -66,7 +68,7 @@ def run(args) -> int:
                            hygiene=not args.no_hygiene, flush=not args.no_flush,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=args.min_reps,
                            max_reps=args.max_reps, monitor_clocks=not args.no_clocks,
-                           sustained_s=args.sustained_s,
+                           sustained_s=args.sustained_s, parts=not args.no_parts,
                            progress=lambda msg: print(msg, file=sys.stderr, flush=True))
     except BenchSkipped as exc:
         print(f"fuseval bench: skipped: {exc}", file=sys.stderr)

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
     "load", "list_operators", "evaluate_expression", "axes_label", "DEFAULT_VARIANT",
-    "tolerance_json", "variant_scope",
+    "tolerance_json", "variant_scope", "nearest_binding",
 ]
 
 
@@ -43,8 +43,8 @@ class AxisSpec:
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
-    shape: tuple[str, ...] | None  # None for a scalar
-    dtype: str                     # float32, bfloat16, float8_e4m3fn, float4_e2m1fn_x2
+    shape: tuple[str, ...] | None  # None for a Python scalar; () for a 0-d tensor
+    dtype: str                     # a name of fuseval.inputs.TORCH_DTYPES (float32, int64, bool...)
     value: float | None = None     # fixed value of a scalar input (e.g. rms_norm_eps)
     init: Mapping[str, Any] | None = None  # how benchmark mode draws it, when not the default rule
 
@@ -218,6 +218,14 @@ class Definition:
         idx = parse_selection(selection, len(out))
         return [out[i] for i in idx]
 
+    def nearest_case(self, var_axes: Mapping[str, int]) -> Case:
+        """The case binding exactly ``var_axes``, else the nearest one (see
+        :func:`nearest_binding`): whose tolerance a binding no case has is judged under."""
+        cases = self.cases()
+        if not cases:
+            raise ValueError(f"{self.name}: has no cases")
+        return cases[nearest_binding([c.axes for c in cases], var_axes)]
+
     # ---- variants
     @property
     def variant_names(self) -> list[str]:
@@ -328,7 +336,7 @@ class Definition:
                 axes[a.name] = {"type": "var"}
             else:
                 axes[a.name] = {"type": "expr", "expression": a.expression}
-        tensors = lambda specs: {s.name: {"shape": list(s.shape) if s.shape else None, "dtype": s.dtype}
+        tensors = lambda specs: {s.name: {"shape": None if s.shape is None else list(s.shape), "dtype": s.dtype}
                                  for s in specs}
         return {
             "name": self.name,
@@ -361,6 +369,15 @@ class Definition:
                 "tolerance": tolerance_json(case.tolerance),
             })
         return rows
+
+
+def nearest_binding(candidates: Sequence[Mapping[str, int]], want: Mapping[str, int]) -> int:
+    """The index of the candidate binding equal to ``want``, else of the nearest one: the
+    least sum over the axes of |log2(1 + a) - log2(1 + b)| (sizes compared by ratio, so 4
+    is as far from 8 as 512 from 1024), the first of equals."""
+    def distance(c: Mapping[str, int]) -> float:
+        return sum(abs(math.log2(1 + int(c.get(k, 0))) - math.log2(1 + int(v))) for k, v in want.items())
+    return min(range(len(candidates)), key=lambda i: (distance(candidates[i]), i))
 
 
 def tolerance_json(tol: Tolerance) -> dict[str, Any]:
@@ -414,7 +431,8 @@ def _parse(raw: Mapping[str, Any], package: str) -> Definition:
     axes = {}
     for name, a in raw["axes"].items():
         axes[name] = AxisSpec(name, a["type"], a.get("value"), a.get("expression"))
-    tensor = lambda t: TensorSpec(t["name"], tuple(t["shape"]) if t.get("shape") else None,
+    # "shape": null is a Python scalar, [] a 0-d tensor
+    tensor = lambda t: TensorSpec(t["name"], None if t.get("shape") is None else tuple(t["shape"]),
                                   t["dtype"], t.get("value"), t.get("init"))
     tol = raw["tolerance"]
     # a case is a list of its case_axes values, or {"axes": [...], "tolerance": {...}}

@@ -68,6 +68,7 @@ class GateContext:
     isolate: bool = True
     timeout: float | None = None
     not_run: dict[str, str] | None = None     # component -> why it is not run for this operator
+    check_runs: bool = False    # the check component runs in the same gate (set by the runner)
 
 
 @dataclass(frozen=True)

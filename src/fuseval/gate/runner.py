@@ -84,6 +84,35 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
     return plan
 
 
+def _check_jobs(jobs: Any) -> None:
+    if jobs != "auto" and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise UsageError(f"jobs: expected a number of processes >= 1 or 'auto', got {jobs!r}")
+
+
+def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) -> list[ComponentResult]:
+    """Every component of the plan, in the plan's order: serially, or in ``jobs`` processes."""
+    from . import parallel
+    for entry in plan:
+        if isinstance(entry, GateContext):
+            entry.check_runs = "check" in chosen and "check" not in entry.not_run
+    options = {**options, "check_runs": "check" in chosen}
+    units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
+             for c in chosen if c not in entry.not_run]
+    if jobs == "auto":
+        jobs = parallel.default_jobs(s.device, len(units))
+    done: dict[tuple[str, str], ComponentResult] = {}
+    if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
+        ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress)
+        done = {(ctx.op, c): r for (ctx, c), r in zip(units, ran)}
+    results: list[ComponentResult] = []
+    for entry in plan:
+        if isinstance(entry, list):
+            results += entry
+        else:
+            results += [done.get((entry.op, c)) or run_guarded(c, entry) for c in chosen]
+    return results
+
+
 def run_component(name: str, op: str, impl: str | Callable, *, profile: str | Profile = "ci",
                   device: str | None = None, config: str | None = None, cases: str | None = None,
                   seeds: int | Sequence[int] | None = None, mode: str = "benchmark",
@@ -111,7 +140,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
              strict: bool = False, budget_config: str | None = None, budget_cases: str | None = "profile",
              budget: Any = None, out: str | None = None,
              progress: Callable[[str], None] | None = None, isolate: bool | None = None,
-             timeout: float | None = None) -> GateReport:
+             timeout: float | None = None, jobs: int | str = 1) -> GateReport:
     """Run the gate on one operator, several ("a,b", a list) or "all".
 
     ``impl``: a name of the operators' implementation tables ("fast", "torch"...),
@@ -126,7 +155,10 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     ``progress(message)``: called as work proceeds (the CLI prints these on stderr).
     ``isolate`` (default): the implementation runs in a worker process of its own in every
     component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
-    trusts it and runs it in this process.
+    trusts it and runs it in this process. ``jobs``: components run side by side in this
+    many processes (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on
+    the CPU, 1 on CUDA; default 1, serial); the report is the same as a serial run's, in the
+    same order. An implementation given as a callable runs serially.
 
     Raises :class:`~fuseval.errors.FusevalError` for bad input to the gate itself (unknown
     operator, profile or component, an implementation that does not import, no CUDA
@@ -135,13 +167,16 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     started = utc_timestamp()
     names = resolve_ops(op)
     chosen = _components_of(components)
+    _check_jobs(jobs)
     s = settings(profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
                  warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
                  budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout)
     plan = _plan(op, names, impl, s, chosen)
-    results: list[ComponentResult] = []
-    for entry in plan:
-        results += entry if isinstance(entry, list) else [run_guarded(c, entry) for c in chosen]
+    options = {"impl": impl, "settings": dict(
+        profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
+        warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
+        budget=budget, out=out, isolate=isolate, timeout=timeout)}
+    results = _run_plan(plan, chosen, options, s, jobs)
     from ..ops import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
                         time.perf_counter() - t_start, started)

@@ -99,8 +99,10 @@ class Problem:
 
     def workload_for(self, var_axes: Mapping[str, int]) -> Workload:
         """The first supported workload binding the var axes to ``var_axes``; for a binding no
-        workload has (a property test's draw), the first supported workload's descriptors
-        (random, scalar, custom inputs) with these axes."""
+        workload has (a property test's draw), the descriptors (random, scalar, custom
+        inputs) and tolerance of the nearest supported workload
+        (:func:`fuseval.definitions.nearest_binding`) with these axes."""
+        from ..definitions import nearest_binding
         missing = [k for k in self.var_axes if k not in var_axes]
         if missing:
             raise ValueError(f"problem {self.name!r}: var axes {missing} are not bound (given {dict(var_axes)})")
@@ -108,7 +110,9 @@ class Problem:
         for w in self.supported_workloads:
             if dict(w.axes) == want:
                 return w
-        return replace(self.supported_workloads[0], axes=want, line=0, uuid="drawn")
+        pool = self.supported_workloads
+        nearest = pool[nearest_binding([w.axes for w in pool], want)]
+        return replace(nearest, axes=want, line=0, uuid="drawn")
 
     def fuseval_definition(self, implementations: Mapping[str, str] | None = None) -> dict[str, Any]:
         """The problem in fuseval's definition format (``fuseval.definitions``)."""
@@ -417,19 +421,15 @@ def _fixed_scalar(problem: Problem, name: str) -> Any:
 
 
 def _representable(problem: Problem) -> None:
-    """Raise for what fuseval's definitions and checks cannot hold (yet): 0-d tensors and
-    tensor dtypes its checks do not know."""
+    """Raise for a tensor dtype fuseval's checks do not know (every dtype the reader
+    accepts is known today: this guards the two tables against drifting apart)."""
     from ..inputs import TORCH_DTYPES
     where = f"{problem.directory}/definition.json"
     for kind, tensors in (("input", problem.inputs), ("output", problem.outputs)):
         for name, t in tensors.items():
-            if t["shape"] == []:
-                raise ProblemError(f"{where}: {kind} {name!r} is a 0-d tensor (shape []), which fuseval's "
-                                   "definitions do not represent yet")
             if t["shape"] is not None and t["dtype"] not in TORCH_DTYPES:
                 raise ProblemError(f"{where}: {kind} {name!r} has dtype {t['dtype']}; fuseval's check handles "
-                                   f"tensors of {', '.join(TORCH_DTYPES)} only (its report and lifted oracle "
-                                   "run anyway: fuseval import --report)")
+                                   f"tensors of {', '.join(TORCH_DTYPES)} only")
 
 
 def _fuseval_definition(problem: Problem, implementations: dict[str, str]) -> dict[str, Any]:

@@ -55,6 +55,10 @@ class OperatorSpec:
       list of :class:`fuseval.properties.mutants.Mutant`).
     * ``fast_options``: ``"module:attr"`` of a callable giving the fast path's options in force
       (tile tables, precision policy) as a JSON-able dict, which ``fuseval bench`` records.
+    * ``fast_parts``: ``"module:attr"`` of ``parts(*inputs) -> {name: Part}``
+      (:class:`fuseval.bench.Part`): the fast path's pieces of work on these inputs (its
+      launches, run as the production call runs them), which ``fuseval bench`` times apart,
+      each against its own floor.
     """
     name: str
     package: str
@@ -67,6 +71,7 @@ class OperatorSpec:
     properties: str | None = None
     mutants: str | None = None
     fast_options: str | None = None
+    fast_parts: str | None = None
     # the definition as JSON text, for operators that are not packages with data files
     # (an imported problem folder); None: read ``definition`` from the package
     definition_json: str | None = None
@@ -101,6 +106,9 @@ class OperatorSpec:
 
     def options_of_fast(self) -> dict:
         return {} if self.fast_options is None else dict(self.resolve(self.fast_options)())
+
+    def parts_of_fast(self) -> Callable | None:
+        return None if self.fast_parts is None else self.resolve(self.fast_parts)
 
     def mutant_catalogue(self) -> list:
         return [] if self.mutants is None else list(self.resolve(self.mutants)())

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 import torch
 from hypothesis import Verbosity, example as hyp_example, given, settings
 from hypothesis import seed as hyp_seed
-from hypothesis.errors import Flaky
+from hypothesis.errors import Flaky, Unsatisfiable
 
 from .. import ops as _ops
 from ..check import resolve_device, run_case
@@ -43,7 +43,8 @@ from ..precision import unit_roundoff
 from . import invariants as inv
 from .hooks import hooks_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
-from .strategies import INPUT_MODES, Example, examples, explicit_examples
+from .satisfiable import UnsatisfiableAxes, check_satisfiable
+from .strategies import INPUT_MODES, Example, _valid, examples, explicit_examples, input_modes
 
 __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tight_bound",
            "has_tight_bound"]
@@ -145,7 +146,9 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
     defn = example.definition()
     x = example.tensors(dev)
     mode = example.mode if example.mode != "adversarial" else "benchmark"
-    result = run_case(defn, impl, Case(0, example.binding.axes), seed=example.seed, device=dev,
+    # the tolerance: the definition's, or (an imported problem) its nearest workload's
+    tol = defn.nearest_case(example.binding.axes).tolerance if hooks_of(example.op).case_tolerance else None
+    result = run_case(defn, impl, Case(0, example.binding.axes, tol), seed=example.seed, device=dev,
                       mode=mode, inputs=x, hygiene=False)   # the oracle: the definition's reference
     metrics = [{"output": m.name, "max_abs": m.max_abs, "rel_l2": m.rel_l2,
                 "matched_ratio": m.matched_ratio, "passed": m.passed} for m in result.outputs]
@@ -169,9 +172,10 @@ def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list
     hooks = hooks_of(example.op)
     problems = []
     checks: list[tuple[str, Callable[[], Any]]] = []
+    tol = defn.nearest_case(example.binding.axes).tolerance if hooks.case_tolerance else defn.tolerance
     if example.binding.axes.get(hooks.batch_axis, 1) > 1:
         checks.append(("batch items independent",
-                       lambda: inv.batch_independence(example.op, x, impl=impl, tolerance=defn.tolerance)))
+                       lambda: inv.batch_independence(example.op, x, impl=impl, tolerance=tol)))
     for invariant in hooks.invariants:
         check = invariant(example, x, impl, defn)
         if check is not None:
@@ -260,6 +264,10 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
             test()
         except _Falsified:
             failures.append(state["failure"])
+        except Unsatisfiable as exc:
+            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
+                                    f"(every drawn axis binding broke the definition's constraints or the "
+                                    f"space's size limit): {exc}") from None
         except Flaky as exc:
             f = state.get("failure")
             if f is None:
@@ -267,8 +275,14 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
             f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
             failures.append(f)
 
-    allowed = list(modes)
-    starters = [e for e in explicit_examples(op, space) if e.mode in allowed] if explicit else []
+    allowed = input_modes(op, modes)
+    if not allowed:
+        raise ValueError(f"{op}: modes: none of {list(modes)} is an input mode of the operator "
+                         f"(its modes: {input_modes(op)})")
+    check_satisfiable(op, space)
+    # (an explicit binding that breaks the constraints is left out: check_satisfiable found others)
+    starters = [e for e in explicit_examples(op, space) if e.mode in allowed and _valid(e.binding)] \
+        if explicit else []
     run_property("tolerance", examples(op, space, allowed),
                  lambda ex: evaluate(ex, fn, device=dev, precision=precision), starters, s)
 

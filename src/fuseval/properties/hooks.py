@@ -39,7 +39,7 @@ if TYPE_CHECKING:                     # annotations only: strategies imports thi
     from ..definitions import Definition
     from .strategies import Example, Recipe
 
-__all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraExample",
+__all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraExample", "VarSpace",
            "MetamorphicCheck", "AdversarialHook", "hooks_of"]
 
 
@@ -85,6 +85,18 @@ class ExtraExample:
     recipe: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class VarSpace:
+    """The var axes of one axis space given as data (an imported problem's workloads):
+    each axis drawn from ``ranges[axis]`` (inclusive; an axis without a range keeps the
+    profile's), or one of the exact ``bindings``; a draw whose tensor inputs hold more than
+    ``max_elements`` elements in all is rejected (None: no limit), and so is one that breaks
+    the definition's constraints."""
+    ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
+    bindings: tuple[Mapping[str, int], ...] = ()
+    max_elements: int | None = None
+
+
 # (example, its inputs, the implementation, the definition) -> (what it checks, a thunk
 # that raises InvariantViolation when the invariant does not hold), or None where the
 # invariant does not apply to this example (e.g. a causality check on one token)
@@ -110,16 +122,26 @@ class PropertyHooks:
         ``explicit_bindings``: the two scaled-down bindings, (const axes, var axes) each,
         every non-full property run starts with (see ``explicit_examples``);
         ``extra_examples``: explicit examples beyond the generic five.
+        ``var_space``: {space name: :class:`VarSpace`}: the var axes of that space drawn
+        from data instead of the profile's ranges; its first two bindings are then the
+        explicit ones of the space.
     Inputs
+        ``input_modes``: the input modes the operator has (None: benchmark, realistic and
+        adversarial); the others are not drawn.
         ``activation_input``: the input whose rows the ``magnitude`` and ``zero_rows``
         features scale and zero (None: the first floating-point input whose shape starts
         with the batch axis). ``eps_input``: the scalar the ``eps`` feature replaces (None:
         no such feature). ``rotary_inputs``: the cos/sin tables the ``rotary`` feature
         replaces by arbitrary values. ``norm_weight_inputs`` (None: the inputs whose
         names end in ``norm_weight``, the rule of :mod:`fuseval.inputs`).
-        ``magnitudes``: the feature's exponents. ``recipe_features``: the operator's own
+        ``magnitudes``: the feature's exponents. ``noncontiguous``: whether the
+        ``noncontiguous`` feature applies (False: the operator's contract gives its
+        implementations contiguous tensors, as SOL-ExecBench's evaluator does). ``recipe_features``: the operator's own
         adversarial features, applied by ``adversarial`` after the generic ones.
     Verdict
+        ``case_tolerance``: judge each example under the tolerance of the benchmark case
+        nearest its binding (:meth:`~fuseval.definitions.Definition.nearest_case`) instead of
+        the definition's (an imported problem: a tolerance per workload).
         ``tight_bound``: see :class:`TightBound` (None: no such property).
         ``invariants``: the metamorphic checks run after batch independence.
     """
@@ -129,13 +151,17 @@ class PropertyHooks:
     var_offsets: Mapping[str, tuple[str, tuple[int, ...]]] = field(default_factory=dict)
     explicit_bindings: tuple[tuple[Mapping[str, int], Mapping[str, int]], ...] = ()
     extra_examples: tuple[ExtraExample, ...] = ()
+    var_space: Mapping[str, VarSpace] = field(default_factory=dict)
+    input_modes: tuple[str, ...] | None = None
     activation_input: str | None = None
     eps_input: str | None = None
     rotary_inputs: tuple[str, ...] = ()
     norm_weight_inputs: tuple[str, ...] | None = None
     magnitudes: Magnitudes = Magnitudes()
+    noncontiguous: bool = True
     recipe_features: Mapping[str, RecipeFeature] = field(default_factory=dict)
     adversarial: AdversarialHook | None = None
+    case_tolerance: bool = False
     tight_bound: TightBound | None = None
     invariants: tuple[MetamorphicCheck, ...] = ()
 

@@ -144,12 +144,12 @@ def _batch_size(defn: Definition, values: Mapping[str, Any], batch_axis: str) ->
 
 
 def batch_independence(op: str, inputs: Sequence[Any], impl: Callable | None = None,
-                       tolerance: Tolerance | None = None) -> dict:
+                       tolerance: Tolerance | None = None, batch_axis: str | None = None) -> dict:
     """Batch items are independent: running item b alone gives the rows b of the batched run
     (with the amax of a globally scaled input pinned in every item, see _pin_global_amax).
-    The batch axis is the operator's hooks' ``batch_axis``."""
+    The batch axis: ``batch_axis``, by default the operator's hooks' ``batch_axis``."""
     defn = load(op)
-    batch_axis = hooks_of(op).batch_axis
+    batch_axis = batch_axis or hooks_of(op).batch_axis
     impl, oracle = impl_or_oracle(op, impl)
     values = _pin_global_amax(defn, dict(named_inputs(defn, inputs)), batch_axis)
     inputs = ordered_inputs(defn, values)

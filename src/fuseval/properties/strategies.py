@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import shlex
 from dataclasses import dataclass, fields
 from typing import Any, Mapping, Sequence
@@ -54,9 +55,15 @@ from .profiles import SPACES, Space
 
 __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "recipes", "inputs", "examples",
            "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
-           "INPUT_MODES", "GENERIC_FEATURES", "named_config", "recipe_features"]
+           "INPUT_MODES", "GENERIC_FEATURES", "named_config", "recipe_features", "input_modes"]
 
 INPUT_MODES = ("benchmark", "realistic", "adversarial")
+
+
+def input_modes(op: str, modes: Sequence[str] = INPUT_MODES) -> list[str]:
+    """The modes of ``modes`` that ``op`` has (its hooks' ``input_modes``; all by default)."""
+    have = hooks_of(op).input_modes
+    return [m for m in modes if have is None or m in have]
 
 
 def _space(space: Space | str) -> Space:
@@ -140,6 +147,24 @@ def _valid(binding: Binding) -> bool:
     return True
 
 
+def _input_elements(defn: Definition, axes: Mapping[str, int]) -> int:
+    """Elements of all tensor inputs for a full axis binding."""
+    return sum(math.prod(defn.shape_of(spec, axes)) for spec in defn.inputs if not spec.is_scalar)
+
+
+def _fits(binding: Binding, limit: int | None) -> bool:
+    """Within the definition's constraints and, with ``limit``, that many input elements."""
+    try:
+        axes = binding.definition().resolve_axes(binding.axes)
+    except ValueError:
+        return False
+    return limit is None or _input_elements(binding.definition(), axes) <= limit
+
+
+def _valid(binding: Binding) -> bool:
+    return _fits(binding, None)
+
+
 @st.composite
 def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
     """Strategy: an axis binding of ``op``.
@@ -148,7 +173,10 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
     heads x GQA ratio over its head axes, then each axis of ``axis_values[space]``; the
     ``full`` space keeps the seed configuration. The batch axis takes the space's batch
     range, every other var axis its sequence range (from 1), the offset axes a base axis
-    plus a drawn offset. Bindings that break the definition's constraints are rejected."""
+    plus a drawn offset; where the hooks give a ``var_space`` for the space (an imported
+    problem's workloads), the var axes are one of its exact bindings or each drawn from its
+    range. Bindings that break the definition's constraints (or the space's element limit)
+    are rejected."""
     sp = _space(space)
     hooks = hooks_of(op)
     base = load(op)
@@ -162,13 +190,21 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
             consts[hq_name] = kv * ratio
         for axis, values in hooks.axis_values.get(sp.name, {}).items():
             consts[axis] = draw(st.sampled_from(values))
-    drawn = {}
-    for axis in base.var_axes:
-        if axis not in hooks.var_offsets:
-            drawn[axis] = draw(st.integers(*(sp.batch if axis == hooks.batch_axis else sp.seq_len)))
-    offsets = {axis: draw(st.sampled_from(values)) for axis, (_, values) in hooks.var_offsets.items()}
-    binding = Binding.make(op, consts, _var(base, hooks, drawn, offsets))
-    assume(_valid(binding))
+    vs = hooks.var_space.get(sp.name)
+    if vs is not None and vs.bindings and draw(st.booleans()):
+        binding = Binding.make(op, consts, dict(draw(st.sampled_from(list(vs.bindings)))))
+    else:
+        drawn = {}
+        for axis in base.var_axes:
+            if axis in hooks.var_offsets:
+                continue
+            if vs is not None and axis in vs.ranges:
+                drawn[axis] = draw(st.integers(*vs.ranges[axis]))
+            else:
+                drawn[axis] = draw(st.integers(*(sp.batch if axis == hooks.batch_axis else sp.seq_len)))
+        offsets = {axis: draw(st.sampled_from(values)) for axis, (_, values) in hooks.var_offsets.items()}
+        binding = Binding.make(op, consts, _var(base, hooks, drawn, offsets))
+    assume(_fits(binding, vs.max_elements if vs is not None else None))
     return binding
 
 
@@ -251,7 +287,7 @@ def recipe_features(op: str) -> list[str]:
                "zero_rows": _activation(defn, hooks) is not None,
                "eps": hooks.eps_input is not None,
                "rotary": bool(hooks.rotary_inputs),
-               "noncontiguous": True,
+               "noncontiguous": hooks.noncontiguous,
                "norm_weights": bool(_norm_weights(defn, hooks))}
     return [name for name in _GENERIC_FIELDS if applies[name]] + list(hooks.recipe_features)
 
@@ -368,6 +404,12 @@ def examples(draw, op: str, space: Space | str = "small", modes: Sequence[str] =
 
 
 def _explicit_bindings(op: str, base: Definition, hooks: PropertyHooks, sp: Space) -> list[Binding]:
+    vs = hooks.var_space.get(sp.name)
+    if vs is not None and vs.bindings:
+        # the space's first two exact bindings (the same one twice when it has one)
+        consts = _start_consts(base, sp)
+        chosen = list(vs.bindings[:2]) * (2 if len(vs.bindings) == 1 else 1)
+        return [Binding.make(op, consts, dict(b)) for b in chosen[:2]]
     if sp.full:
         var = [(2, 131), (1, 64)]
         consts = base.const_axes

@@ -11,7 +11,12 @@ spawned to run an implementation imports the same module by name. It holds:
 * ``benchmark_inputs(defn, axes, seed, device=)``: the input hook (the workload's own
   descriptors, :mod:`fuseval.interop.inputs`);
 * ``solution_<i>``: the implementations of the folder's ``solution*.json`` files;
-* ``PROBLEM`` and ``DEFINITION_TEXT`` (the definition in fuseval's format).
+* ``PROBLEM`` and ``DEFINITION_TEXT`` (the definition in fuseval's format);
+* ``PROPERTY_HOOKS``: its :class:`~fuseval.properties.PropertyHooks`
+  (:mod:`fuseval.interop.properties`).
+
+The spec's budget is the folder's ``budget.json``, else one derived from its workloads
+(:mod:`fuseval.interop.budget`).
 
 Inputs arrive and outputs leave in fuseval's format (fp4 tensors as their uint8 bytes);
 the problem's code sees them as the benchmark passes them.
@@ -71,6 +76,10 @@ class ProblemSpec(OperatorSpec):
             return f.read()
 
     def data_path(self, filename: str) -> str:
+        if filename == self.budget:
+            # the folder's own budget file, else the budget derived from its workloads
+            from ..budget import budget_file
+            return budget_file(read_problem(self.directory))
         return os.path.join(self.directory, filename)
 
 
@@ -79,8 +88,9 @@ def spec_of(problem: Problem) -> ProblemSpec:
     if problem.custom_inputs_entrypoint:
         # inputs with structure (indices, lengths) come from the problem's generator in any mode
         hooks["realistic"] = hooks["benchmark"]
-    return ProblemSpec(name=problem.name, package=problem.module, budget=None, inputs=hooks,
-                       bench_impls=("sol_reference",), bench_fast=None, directory=problem.directory)
+    return ProblemSpec(name=problem.name, package=problem.module, budget="budget.json", inputs=hooks,
+                       bench_impls=("sol_reference",), bench_fast=None, directory=problem.directory,
+                       properties=f"{problem.module}:PROPERTY_HOOKS")
 
 
 def load_reference_module(problem: Problem) -> types.ModuleType:
@@ -134,6 +144,10 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         return problem_inputs.to_fuseval(problem, values)
 
     def __getattr__(attr: str):
+        if attr == "PROPERTY_HOOKS":       # the property engine's facts (fuseval.interop.properties)
+            from ..properties import problem_hooks
+            module.PROPERTY_HOOKS = problem_hooks(problem)
+            return module.PROPERTY_HOOKS
         if attr == "DEFINITION_TEXT":      # built on first use: it raises for what fuseval cannot check
             text = json.dumps(problem.fuseval_definition(table), indent=1)
             module.DEFINITION_TEXT = text

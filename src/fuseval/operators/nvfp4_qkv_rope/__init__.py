@@ -16,4 +16,5 @@ SPEC = OperatorSpec(
     properties=".properties:HOOKS",
     mutants=".mutants:catalogue",
     fast_options=".fast:options",
+    fast_parts=".fast:parts",
 )

@@ -158,8 +158,12 @@ def _pow2_at_least(n: int, lo: int) -> int:
 
 
 def interpreter_config(m: int, hidden: int) -> KernelConfig:
-    """Small tiles for the Triton interpreter (CPU): 16 or 32 tokens by up to 64 columns."""
-    return KernelConfig(16 if m <= 16 else 32, min(64, _pow2_at_least(hidden, 16)), 4, 1)
+    """Tiles for the Triton interpreter (CPU), where time goes per program and per op, not
+    per element: two heads and half the tokens per tile (16 to 256 tokens), so that every
+    call of more than 16 tokens still runs at least two row tiles (the tile-offset and
+    masking code is exercised) in as few programs as that allows; up to 64 columns."""
+    return KernelConfig(min(256, _pow2_at_least((m + 1) // 2, 16)), min(64, _pow2_at_least(hidden, 16)), 4, 1,
+                        heads_per_tile=2)
 
 
 def pick_config(m: int, hidden: int, device: torch.device, table: TileTable | None = None) -> KernelConfig:
@@ -305,17 +309,35 @@ def predecode_weights(wq, sq, wk, sk, wv, sv, hidden: int) -> torch.Tensor:
     return out
 
 
+def quantize(inputs, p: Plan, quant: str, quant_config: QuantConfig = DEFAULT_QUANT_CONFIG):
+    """The launches before the GEMM of a W4A4 call: x quantized (``quant`` "tensor"; "token"
+    is the per-token mutant) and, where the plan predecodes and the config fuses it, the
+    weights' predecode in the quantizer's first launch. Returns ((xs, scratch), the
+    predecoded weights or None); ``inputs`` contiguous."""
+    (x, cos, sin, wq, sq, gq, wk, sk, gk, wv, sv, gv, qn, kn, eps) = inputs
+    fused = w_dense = None
+    if p.predecode and quant == "tensor" and quant_config.fuse_predecode:
+        weights, w_dense, br, bk = _predecode_args(wq, sq, wk, sk, wv, sv, p.hidden)
+        fused = (*weights, w_dense, br, bk)
+    # x is bf16 and contiguous here (validated by the plan): its int16 bits, [M, H]
+    xs, scratch, _, _ = quantize_rows(x.view(p.m, -1).view(torch.int16), True, p.m, p.hidden,
+                                      (gq, gk, gv), False, quant == "token", quant_config, fused)
+    return (xs, scratch), w_dense          # gs = scratch[0:3]
+
+
 def gemm(inputs, *, mode: int, table: TileTable | None, mutant: int = 0, check_values: bool = False,
          w_dense: torch.Tensor | None = None, quant: str | None = None,
          act: tuple[torch.Tensor, torch.Tensor] | None = None,
-         quant_config: QuantConfig = DEFAULT_QUANT_CONFIG):
+         quant_config: QuantConfig = DEFAULT_QUANT_CONFIG, predecoded: torch.Tensor | None = None):
     """One GEMM launch with the epilogue of ``mode`` (``_kernels.MODE_*``).
 
     The activation operand: ``quant`` "tensor" quantizes x first (the benchmark's W4A4;
-    "token" is the per-token mutant), ``act`` = (xs, gs) gives it ready (the stage taps),
-    neither uses x as it is (W4A16); gs (fp32 [3] on the device) then replaces the
-    weights' global decode scales. ``w_dense`` (bf16-exact [N, hidden]) replaces the FP4
-    weights and carries its own global scale. ``mutant``: a ``GEMM_MUTANT_CODES`` value."""
+    "token" is the per-token mutant; :func:`quantize`), ``act`` = (xs, gs) gives it ready
+    (the stage taps, the bench's parts), neither uses x as it is (W4A16); gs (fp32 [3] on
+    the device) then replaces the weights' global decode scales. ``w_dense`` (bf16-exact
+    [N, hidden]) replaces the FP4 weights and carries its own global scale;
+    ``predecoded``: the weights' predecode of these inputs, made already (where the plan
+    predecodes). ``mutant``: a ``GEMM_MUTANT_CODES`` value."""
     p = plan(inputs, mode, table, mutant, w_dense is not None, check_values)
     if not p.contiguous:
         inputs = [t.contiguous() if isinstance(t, torch.Tensor) else t for t in inputs]
@@ -334,19 +356,12 @@ def gemm(inputs, *, mode: int, table: TileTable | None, mutant: int = 0, check_v
     scaled_dense = w_dense is not None
     if quant is not None:
         # the weights' predecode rides in the quantizer's first launch (the W4A4 path)
-        fused = None
-        if p.predecode and quant == "tensor" and quant_config.fuse_predecode:
-            weights, w_dense, br, bk = _predecode_args(wq, sq, wk, sk, wv, sv, p.hidden)
-            fused = (*weights, w_dense, br, bk)
-        # x is bf16 and contiguous here (validated by the plan): its int16 bits, [M, H]
-        xs, scratch, _, _ = quantize_rows(x.view(p.m, -1).view(torch.int16), True, p.m, p.hidden,
-                                          (gq, gk, gv), False, quant == "token", quant_config, fused)
-        act = (xs, scratch)          # gs = scratch[0:3]
+        act, predecoded = quantize(inputs, p, quant, quant_config)
     gs_args, gs_from_ptr = _scale_args(gq, gk, gv, x, act, scaled_dense)
     if act is not None:
         x = act[0]
     if p.predecode and w_dense is None:
-        w_dense = predecode_weights(wq, sq, wk, sk, wv, sv, p.hidden)
+        w_dense = predecoded if predecoded is not None else predecode_weights(wq, sq, wk, sk, wv, sv, p.hidden)
     if p.gluon is not None and x.data_ptr() % 16 == 0:
         from . import _gluon
         cfg = p.gluon

@@ -35,7 +35,7 @@ from ._staged import STAGES, STAGES_W4A16, forward_staged
 
 NAME = "nvfp4_qkv_rope"
 
-__all__ = ["forward", "forward_staged", "forward_w4a16", "forward_w4a16_staged", "variant", "options",
+__all__ = ["forward", "forward_staged", "forward_w4a16", "forward_w4a16_staged", "variant", "options", "parts",
            "act_quant", "ActQuant", "QuantConfig", "DEFAULT_QUANT_CONFIG", "KernelConfig", "pick_config",
            "predecode_weights",
            "MUTANTS", "STAGES", "STAGES_W4A16", "H200_TABLE", "UNBOUNDED", "GRAPHS", "GRAPH_MAX_TOKENS"]
@@ -73,11 +73,41 @@ def options() -> dict:
         "activations": "nvfp4 (W4A4: the benchmark's float32 quantizer, then the fused GEMM)",
         "tile_table": _launch.table_to_json(_launch.H200_TABLE),
         "triton_for_gluon": {str(bm): cfg.to_dict() for bm, cfg in _launch.TRITON_FOR_GLUON.items()},
-        "interpreter_tiles": {"16 tokens or fewer": _launch.interpreter_config(16, 64).to_dict(),
-                              "more": _launch.interpreter_config(17, 64).to_dict(),
-                              "block_k": "min(64, hidden_size rounded up to a power of two)"},
+        "interpreter_tiles": {"rule": "block_m: half the tokens rounded up to a power of two, in [16, 256]; "
+                                      "block_k: min(64, hidden_size rounded up to a power of two); two heads "
+                                      "per tile",
+                              **{f"{m} tokens": _launch.interpreter_config(m, 64).to_dict() for m in (8, 64, 512)}},
         "quantizer": DEFAULT_QUANT_CONFIG.to_dict(),
         "graph_max_tokens": GRAPH_MAX_TOKENS,
+    }
+
+
+def parts(*inputs, config=None, quant_config: QuantConfig | None = None) -> dict:
+    """The production W4A4 call on ``inputs`` as its two pieces of GPU work, for the bench
+    (``fuseval.bench_parts.Part``: each timed apart, against its own floor): ``act_quant`` (the
+    quantizer's two launches, the weights' predecode riding in the first) and ``gemm`` (the
+    fused GEMM with its norm/RoPE epilogue, on that quantizer's xs and decoded weights).
+    Both run the production launch code with the tables in force."""
+    from ...bench_parts import Part
+    from . import reference
+    quant_config = quant_config or DEFAULT_QUANT_CONFIG
+    table = as_table(config)
+    p = _launch.plan(inputs, K.MODE_FULL, table, 0, False, False)
+    act, predecoded = _launch.quantize(inputs, p, "tensor", quant_config)
+    cost = reference.cost_model({"batch_size": p.b, "seq_len": p.s, "hidden_size": p.hidden, "head_dim": p.d,
+                                 "num_attention_heads": p.hq, "num_key_value_heads": p.hkv})
+    n = (p.hq + 2 * p.hkv) * p.d
+    x_bytes = 2 * p.m * p.hidden
+    w_bytes = n * p.hidden // 2 + n * p.hidden // 16              # packed codes and e4m3 scales
+    dense = 2 * n * p.hidden if predecoded is not None else 0    # the bf16 predecode, written then read
+    return {
+        "act_quant": Part(lambda: _launch.quantize(inputs, p, "tensor", quant_config), flops=0.0,
+                          bytes=3 * x_bytes + (w_bytes + dense if predecoded is not None else 0),
+                          what="amax pass over x, quantizer pass (x read, xs written)"
+                               + (", the weights' predecode (codes read, bf16 written)" if dense else "")),
+        "gemm": Part(lambda: _launch.gemm(inputs, mode=K.MODE_FULL, table=table, act=act, predecoded=predecoded),
+                     flops=float(cost["flops"]), bytes=float(cost["bytes"]) + (dense - w_bytes if dense else 0),
+                     matmul_dtype="bf16", what="fused GEMM + q/k norm + RoPE on xs and the decoded weights"),
     }
 
 

@@ -194,10 +194,28 @@ FP16_TABLES = Tables(_FP16_GEMM, _FP16_ATTENTION, "H200 fp16 table (fuseval, par
 GPU_SAFE = dict(qkv=G(64, 64, 32, 4, 2), qkv_heads_per_tile=1, o_proj=G(64, 128, 32, 4, 2),
                 gate_up=G(64, 64, 32, 4, 2), down=G(64, 128, 32, 4, 2),
                 attention=AttnConfig(64, 32, 4, 1))
-# Under the interpreter: few, small programs (CPU time is per program and per op).
-CPU_GEMM = GemmConfig(32, 32, 32, 4, 1)
-CPU_ATTENTION = AttnConfig(32, 16, 4, 1)
 del G
+
+
+def _half_pow2(n: int, lo: int, hi: int) -> int:
+    """The power of two covering half of ``n``, clamped to [lo, hi]."""
+    p = lo
+    while p < hi and p < (n + 1) // 2:
+        p *= 2
+    return p
+
+
+def cpu_entries(sh: Shape) -> dict:
+    """Tiles under the Triton interpreter, where CPU time goes per program and per op, not
+    per element: row tiles of half the rows (32 to 256), so that every call of more than
+    32 rows still runs at least two row tiles (tile offsets and masks are exercised) in
+    as few programs as that allows; 32-wide column and K tiles (two or more of each at
+    the small configurations' widths)."""
+    gemm = GemmConfig(_half_pow2(sh.M, 32, 256), 32, 32, 4, 1)
+    rows = sh.S * sh.G                  # attention rows: (token, head) pairs of one kv head
+    return dict(qkv=gemm, qkv_heads_per_tile=2, o_proj=gemm, gate_up=gemm, down=gemm,
+                attention=AttnConfig(_half_pow2(rows, 32, 256), _half_pow2(sh.S, 16, 128), 4, 1),
+                norm_rows=_half_pow2(sh.M, 16, 256), norm_warps=4)
 
 
 @dataclass(frozen=True)
@@ -298,8 +316,7 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32", attention
     if device.type == "cuda" and compiled:
         plan = _gpu_entries(sh, precision, attention_precision, tables)
     else:
-        plan = dict(qkv=CPU_GEMM, qkv_heads_per_tile=2, o_proj=CPU_GEMM, gate_up=CPU_GEMM, down=CPU_GEMM,
-                    attention=CPU_ATTENTION, norm_rows=16, norm_warps=4)
+        plan = cpu_entries(sh)
     plan.update(tuning or {})
     plan["qkv_heads_per_tile"] = heads_per_tile(sh, plan["qkv_heads_per_tile"])
     return Plan(precision=precision, attention_precision=attention_precision, mrope_layout=mrope_layout, **plan)

@@ -1,0 +1,139 @@
+"""Running a gate's components side by side: each (operator, component) is a unit of work
+handed to a pool of ``jobs`` worker processes, and the results are put back in the plan's
+order, so the report (and its verdict and exit code) is the same as a serial run's.
+
+Why processes: on a CPU the components are bound by the Triton interpreter and by the
+float64 oracles, both single-threaded Python and numpy, so threads would share one core.
+Every unit builds its own validated context in its pool process (an implementation's
+isolation worker is started there, once per pool process and implementation, and serves
+every component that process runs); nothing but the options and the result crosses a
+process boundary, so no unit can see another's inputs or answers.
+
+Progress messages of the pool processes are relayed to the caller's ``progress`` through
+a queue, each prefixed as a serial run prefixes them (by operator and component).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import queue as _queue
+import sys
+import threading
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Sequence
+
+from .inputs import GateContext
+from .results import ComponentResult
+
+__all__ = ["default_jobs", "run_units"]
+
+# a unit's expected share of a gate's time, for the order of submission (longest first,
+# so the pool's processes finish together)
+_WEIGHT = {"check": 3, "budget": 2, "properties": 1}
+
+_relay: Any = None      # the pool process's queue to the parent (set by _init)
+_contexts: dict[str, GateContext] = {}
+
+
+def default_jobs(device: str, units: int) -> int:
+    """Processes for ``units`` units of work: on the CPU one per core (at most 4: each also
+    starts an implementation worker); on CUDA one (components of one GPU run in turn)."""
+    if device != "cpu" or units < 2:
+        return 1
+    return max(1, min(units, os.cpu_count() or 1, 4))
+
+
+def _init(relay, threads: int, path: list[str], cwd: str) -> None:
+    """A pool process: the parent's import path and folder (an implementation given as
+    'module:function' imports there as in the parent), the relay, its share of threads."""
+    global _relay
+    import sys
+    sys.path[:] = path
+    os.chdir(cwd)
+    _relay = relay
+    import torch
+    torch.set_num_threads(threads)
+
+
+def _progress(message: str) -> None:
+    _relay.put(message)
+
+
+def _run_unit(options: dict, op: str, component: str) -> ComponentResult:
+    """One component of one operator, in a pool process (its context built once per operator)."""
+    from .inputs import context, settings
+    from .runner import run_guarded
+    ctx = _contexts.get(op)
+    if ctx is None:
+        ctx = _contexts[op] = context(op, options["impl"], settings(**options["settings"], progress=_progress))
+        ctx.check_runs = options["check_runs"] and "check" not in ctx.not_run
+    result = run_guarded(component, ctx)
+    try:
+        pickle.dumps(result.result)
+    except Exception:  # noqa: BLE001 - the report object stays in the pool process; its data came back
+        result.result = None
+    return result
+
+
+def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int,
+              progress: Callable[[str], None]) -> list[ComponentResult]:
+    """Run every (context, component) of ``units``, ``jobs`` at a time: this process takes
+    units itself (with the contexts, and implementation workers, it already validated)
+    and ``jobs - 1`` pool processes take the others; results in the order of ``units``.
+    ``options``: the implementation and the keyword arguments of ``settings`` (all but
+    ``progress``) that this process validated."""
+    from .runner import run_guarded
+    order = sorted(range(len(units)), key=lambda i: -_WEIGHT.get(units[i][1], 1))
+    lock = threading.Lock()
+    results: list[ComponentResult | None] = [None] * len(units)
+
+    def next_unit() -> int | None:
+        with lock:
+            return order.pop(0) if order else None
+
+    ctx_mp = multiprocessing.get_context("spawn")
+    relay = ctx_mp.Queue()
+    stop = threading.Event()
+
+    def pump() -> None:
+        while not stop.is_set() or not relay.empty():
+            try:
+                progress(relay.get(timeout=0.1))
+            except _queue.Empty:
+                continue
+
+    def drive(pool: ProcessPoolExecutor) -> None:
+        while (i := next_unit()) is not None:
+            ctx, name = units[i]
+            try:
+                results[i] = pool.submit(_run_unit, options, ctx.op, name).result()
+            except Exception as exc:  # noqa: BLE001 - a pool process that died: that unit's error
+                results[i] = _lost(ctx, name, exc)
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    try:
+        with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=ctx_mp, initializer=_init,
+                                 initargs=(relay, threads, list(sys.path), os.getcwd())) as pool:
+            drivers = [threading.Thread(target=drive, args=(pool,), daemon=True) for _ in range(jobs - 1)]
+            for d in drivers:
+                d.start()
+            while (i := next_unit()) is not None:
+                results[i] = run_guarded(units[i][1], units[i][0])
+            for d in drivers:
+                d.join()
+    finally:
+        stop.set()
+        reader.join()
+    return results  # type: ignore[return-value]
+
+
+def _lost(ctx: GateContext, name: str, exc: Exception) -> ComponentResult:
+    """The result of a unit whose pool process died (killed, out of memory): an error (exit 70)."""
+    from ..errors import EXIT_INTERNAL
+    from .results import TestResult
+    msg = f"{name}: the gate's worker process running it died ({type(exc).__name__}: {exc})"
+    return ComponentResult(ctx.op, name, "error", msg[:300], exit_code=EXIT_INTERNAL, messages=[msg],
+                           tests=[TestResult(name, "error", 0.0, msg, msg)])
