@@ -10,3 +10,8 @@ import torch as _torch
 
 if not _torch.cuda.is_available():
     _os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if _os.environ.get("TRITON_INTERPRET") == "1":
+    from ._interpreter import install as _install_interpreter_shortcut
+
+    _install_interpreter_shortcut()

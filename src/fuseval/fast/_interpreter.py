@@ -1,0 +1,76 @@
+"""A faster Triton interpreter for the CPU runs, computing exactly what it computes.
+
+Triton 3.6's interpreter re-patches ``triton.language`` (an ``inspect.getmembers`` walk of
+the module, its tensor class and ``tl.math``, about 2 ms) at every call of a ``@triton.jit``
+helper from inside a kernel, although the launch that runs the kernel has patched the very
+same modules already and restores them when it ends; the helper's patches are never
+restored themselves. The fast paths' kernels call helpers in their inner loops (decode,
+rounding, online softmax), so on the small configurations this re-patching is about 30% of
+an interpreted call.
+
+:func:`install` makes a helper call skip the re-patch when every language module its
+globals see is one the enclosing launch patched; otherwise (a helper seen outside a
+launch, or one whose globals hold a language module the launch's kernel does not) it
+patches as before. The kernels' outputs are bit for bit the same
+(``tests/test_interpreter_patch.py``). It applies to the Triton version it was written
+against (3.6.x) and only under ``TRITON_INTERPRET=1``; ``FUSEVAL_PLAIN_INTERPRETER=1``
+leaves Triton untouched.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+__all__ = ["install", "installed"]
+
+_STATE = threading.local()
+_INSTALLED = [False]
+
+
+def installed() -> bool:
+    return _INSTALLED[0]
+
+
+def _language_modules(fn, tl) -> frozenset[int]:
+    return frozenset(id(v) for v in fn.__globals__.values() if v is tl or v is tl.core)
+
+
+def install() -> bool:
+    """Install the helper-call shortcut (once); returns whether it is in force."""
+    if _INSTALLED[0]:
+        return True
+    if os.environ.get("TRITON_INTERPRET") != "1" or os.environ.get("FUSEVAL_PLAIN_INTERPRETER") == "1":
+        return False
+    import triton
+    import triton.language as tl
+    from triton.runtime import interpreter as interp
+    needed = (getattr(interp, "GridExecutor", None), getattr(interp, "InterpretedFunction", None),
+              getattr(interp, "_patch_lang", None), getattr(interp, "InterpreterError", None))
+    if not triton.__version__.startswith("3.6.") or any(x is None for x in needed) \
+            or not hasattr(interp.InterpretedFunction, "rewrite"):
+        return False
+    launch = interp.GridExecutor.__call__
+
+    def launch_call(self, *args, **kwargs):
+        # the language modules this launch patches (its kernel's globals), for its helpers
+        outer = getattr(_STATE, "patched", None)
+        _STATE.patched = _language_modules(self.fn, tl)
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            _STATE.patched = outer
+
+    def helper_call(self, *args, **kwargs):
+        patched = getattr(_STATE, "patched", None)
+        if patched is None or not _language_modules(self.fn, tl) <= patched:
+            interp._patch_lang(self.fn)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interp.InterpreterError(repr(e)) from e
+
+    interp.GridExecutor.__call__ = launch_call
+    interp.InterpretedFunction.__call__ = helper_call
+    _INSTALLED[0] = True
+    return True
