@@ -41,3 +41,24 @@ def _rules_tested_in_process():
     isolation.ISOLATE = False
     yield
     isolation.ISOLATE = old
+
+
+@pytest.fixture
+def register(monkeypatch, tmp_path):
+    """Register problem folders as operators for one test, and forget them afterwards."""
+    from fuseval import operators
+    from fuseval.definitions import _CACHE
+    from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE
+    # set (to nothing) rather than deleted, so that monkeypatch restores it after the test
+    monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
+    monkeypatch.setenv("FUSEVAL_SOLUTION_CACHE", str(tmp_path / "solutions"))
+    added = []
+
+    def _register(directory):
+        spec = operators.register_problem(directory)
+        added.append(spec.name)
+        return spec
+    yield _register
+    for name in added:
+        operators.registry().pop(name, None)
+        _CACHE.pop(name, None)

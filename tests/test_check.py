@@ -749,3 +749,29 @@ def test_hygiene_mutants_on_cuda():
     assert "aliased_output" in violations(run(OP_A, returns_view_of_input, device="cuda"))
     assert "output_reused" in violations(run(OP_A, make_buffer_reuser(), device="cuda"))
     assert "cached_result" in violations(run(OP_A, make_cached(), device="cuda"))
+
+
+def _half_v(*inputs):
+    q, k, v = op_b.torch_eager(*inputs)
+    return q, k, v * 0.5
+
+
+def test_failing_cases_save_their_inputs_and_a_replay_sees_the_same_failure(tmp_path):
+    """save_failing writes the inputs of the failing cases only, the message names the
+    file and the replay command; a replay runs that case on those very inputs (the same
+    error to the last bit), and a correct implementation passes on them."""
+    first = check("nvfp4_qkv_rope", _half_v, cases="0-2", seed=11, save_failing=str(tmp_path), isolate=False)
+    assert not first.passed
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert files == [f"nvfp4_qkv_rope-small-case{i}-seed{11 + i}.pt" for i in range(3)]
+    assert any("--replay" in m and files[1] in m for m in first.cases[1].messages)
+    again = check("nvfp4_qkv_rope", _half_v, replay=str(tmp_path / files[1]), isolate=False)
+    assert [c.case for c in again.cases] == [1] and again.cases[0].seed == 12
+    assert [m.max_abs for m in again.cases[0].outputs] == [m.max_abs for m in first.cases[1].outputs]
+    assert check("nvfp4_qkv_rope", "torch", replay=str(tmp_path / files[1])).passed
+    ok = tmp_path / "ok"
+    assert check("nvfp4_qkv_rope", "torch", cases="0-1", save_failing=str(ok)).passed and not ok.exists()
+    with pytest.raises(ValueError, match="config 'small'.*this check runs config 'tiny'"):
+        check("nvfp4_qkv_rope", "torch", config="tiny", replay=str(tmp_path / files[1]))
+    with pytest.raises(ValueError, match="holds inputs of 'nvfp4_qkv_rope'"):
+        check(OP_A, "torch", replay=str(tmp_path / files[1]))

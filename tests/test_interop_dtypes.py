@@ -11,31 +11,16 @@ import pytest
 import torch
 
 import fuseval
-from fuseval import operators
 from fuseval.comparison import compare
-from fuseval.definitions import _CACHE, Tolerance
+from fuseval.definitions import Tolerance
 from fuseval.interop.problems import load_reference_module
-from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, read_problem
+from fuseval.interop.sol_problem import read_problem
 from fuseval.validate import bind_axes
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
 INT_BOOL = os.path.join(DATA, "int_bool_0d")
 
 
-@pytest.fixture
-def register(monkeypatch, tmp_path):
-    monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
-    monkeypatch.setenv("FUSEVAL_SOLUTION_CACHE", str(tmp_path / "solutions"))
-    added = []
-
-    def _register(directory):
-        spec = operators.register_problem(directory)
-        added.append(spec.name)
-        return spec
-    yield _register
-    for name in added:
-        operators.registry().pop(name, None)
-        _CACHE.pop(name, None)
 
 
 def _reference(*inputs):

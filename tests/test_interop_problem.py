@@ -12,8 +12,6 @@ import pytest
 import torch
 
 import fuseval
-from fuseval import operators
-from fuseval.definitions import _CACHE
 from fuseval.interop import inputs as problem_inputs
 from fuseval.interop.problems import load_reference_module
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, TOLERANCE_DEFAULTS, ProblemError, read_problem
@@ -25,22 +23,6 @@ BF16_INSIDE = os.path.join(DATA, "bf16_inside")
 MISSPELLED = os.path.join(DATA, "misspelled_ratio")
 
 
-@pytest.fixture
-def register(monkeypatch, tmp_path):
-    """Register problem folders as operators for one test, and forget them afterwards."""
-    # set (to nothing) rather than deleted, so that monkeypatch restores it after the test
-    monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
-    monkeypatch.setenv("FUSEVAL_SOLUTION_CACHE", str(tmp_path / "solutions"))
-    added = []
-
-    def _register(directory):
-        spec = operators.register_problem(directory)
-        added.append(spec.name)
-        return spec
-    yield _register
-    for name in added:
-        operators.registry().pop(name, None)
-        _CACHE.pop(name, None)
 
 
 # --------------------------------------------------------------------------- reading

@@ -15,10 +15,7 @@ import torch
 from hypothesis import given, settings
 
 import fuseval
-from fuseval import operators
 from fuseval.budget import run_budget
-from fuseval.definitions import _CACHE
-from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE
 from fuseval.properties import check_implementation, hooks_of
 from fuseval.properties.satisfiable import UnsatisfiableAxes
 from fuseval.properties.strategies import axis_bindings
@@ -33,21 +30,6 @@ def _workloads(folder):
         return [json.loads(line) for line in f if line.strip()]
 
 
-@pytest.fixture
-def register(monkeypatch, tmp_path):
-    """Register problem folders as operators for one test, and forget them afterwards."""
-    monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
-    monkeypatch.setenv("FUSEVAL_SOLUTION_CACHE", str(tmp_path / "solutions"))
-    added = []
-
-    def _register(directory):
-        spec = operators.register_problem(directory)
-        added.append(spec.name)
-        return spec
-    yield _register
-    for name in added:
-        operators.registry().pop(name, None)
-        _CACHE.pop(name, None)
 
 
 def _rmsnorm64(hidden_states, weight, eps):

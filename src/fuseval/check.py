@@ -332,7 +332,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
           seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
           progress: Callable[[CaseResult, int, int], None] | None = None,
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
-          predict: bool = True, isolate: bool | None = None, timeout: float | None = None) -> CheckReport:
+          predict: bool = True, isolate: bool | None = None, timeout: float | None = None,
+          save_failing: str | None = None, replay: str | None = None) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
 
     ``config``: "seed" (full size), "small" or another named scaled-down configuration.
@@ -349,6 +350,10 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``timeout``: seconds each case may spend in the implementation (default
     ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
     timed out, the remaining cases are reported as timed out without being run.
+    ``save_failing``: a folder; the inputs of every failing case are saved there
+    (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
+    case's messages name the file. ``replay``: such a file; the check runs that case on
+    exactly those inputs (``seed``, ``cases`` and ``mode`` come from the file).
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
     t_start = time.perf_counter()
     if rules not in RULES:
@@ -360,8 +365,12 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     if impl == "reference":
         raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
                          "check 'reference_fp32' for the float32 reference, or another implementation")
-    validate_selection(cases, len(defn.seed_cases))
     dev = resolve_device(device)
+    replayed = None
+    if replay is not None:
+        replayed, meta = read_replay(replay, defn, dev)
+        cases, seed, mode = [meta["case"]], meta["seed"] - meta["case"], meta.get("mode", mode)
+    validate_selection(cases, len(defn.seed_cases))
     runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
     reference = operator.implementation(against)
     predictor = None
@@ -380,9 +389,11 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                                 False, 0.0, 0.0, seed + case.index, asdict(tol), timings=dict(Timings()))
         else:
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
-                              hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
+                              inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
             if "timeout" in result.violations:
                 timed_out = case.index
+            if save_failing and not result.passed and replayed is None:
+                _save_case_inputs(save_failing, defn, case, seed + case.index, mode, dev, impl, result)
         results.append(result)
         if progress:
             progress(result, n + 1, len(selected))
@@ -390,6 +401,35 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                        asdict(defn.tolerance), results, defn.variant, against, rules, isolated=isolated,
                        case_config=defn.case_config, setup_seconds=setup,
                        wall_seconds=time.perf_counter() - t_start)
+
+
+def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,
+                      device: torch.device, impl, result: CaseResult) -> None:
+    """The failing case's inputs (drawn again: the same tensors on the same device) into
+    ``folder``, and a message with the file and the command that replays it."""
+    import os
+    from .inputs import save_inputs
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{defn.name}-{defn.config}-case{case.index}-seed{case_seed}.pt")
+    inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
+    save_inputs(path, defn, inputs, case=case.index, seed=case_seed, mode=mode, device=str(device),
+                variant=defn.variant)
+    result.messages.append(f"inputs saved to {path}; replay: fuseval check --op {defn.name} --config "
+                           f"{defn.config} --impl {_ops.impl_label(impl)} --replay {path}")
+
+
+def read_replay(path: str, defn: Definition, device: torch.device):
+    """(inputs, meta) of a ``save_failing`` file, on ``device``; a ValueError (naming the
+    file) for a file of another operator, configuration or variant."""
+    from .inputs import load_inputs
+    inputs, meta = load_inputs(path, defn, device=device)
+    if "case" not in meta or "seed" not in meta:
+        raise ValueError(f"inputs file {path!r}: no case and seed recorded (not written by check's save_failing)")
+    doc_config = torch.load(path, map_location="cpu", weights_only=True).get("config")
+    if doc_config != defn.config or meta.get("variant", defn.variant) != defn.variant:
+        raise ValueError(f"inputs file {path!r} holds a case of config {doc_config!r}, variant "
+                         f"{meta.get('variant')!r}; this check runs config {defn.config!r}, variant {defn.variant!r}")
+    return inputs, meta
 
 
 def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout: float | None):

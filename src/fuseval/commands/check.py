@@ -20,6 +20,11 @@ def add_arguments(p) -> None:
     p.add_argument("--rules", default="fuseval", choices=["fuseval", "sol"],
                    help="fuseval's rules (default) or the benchmark evaluator's ('sol': float32 comparison, "
                         "any NaN/Inf on either side fails)")
+    p.add_argument("--save-failing", metavar="DIR",
+                   help="save the inputs of every failing case into DIR (one file per case; the message names "
+                        "the file and the command that replays it)")
+    p.add_argument("--replay", metavar="FILE",
+                   help="run the check on the inputs of a --save-failing file (its case, seed and mode)")
     p.add_argument("--no-predict", action="store_true",
                    help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
 
@@ -31,15 +36,25 @@ def run(args) -> int:
     from ..report import case_progress, print_check_report
     from . import operator_definition, writable_file
 
-    operator_definition(args.op, args.config, args.cases)
+    defn = operator_definition(args.op, args.config, args.cases)
+    if args.replay:
+        import torch
+        from ..check import read_replay
+        from ..errors import user_input
+        with user_input("--replay"):
+            read_replay(args.replay, defn, torch.device("cpu"))
     if args.impl == "reference":
         raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
                          "check 'reference_fp32' for the float32 reference, or another implementation")
     writable_file(args.json, "--json")
+    if args.save_failing:
+        from . import writable_folder
+        writable_folder(args.save_failing, "--save-failing")
     report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
                    seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
                    progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
-                   predict=not args.no_predict, isolate=False if args.in_process else None, timeout=args.timeout)
+                   predict=not args.no_predict, isolate=False if args.in_process else None, timeout=args.timeout,
+                   save_failing=args.save_failing, replay=args.replay)
     print_check_report(report)
     if not report.isolated:
         print("note: the implementation ran in fuseval's own process (--in-process): the verdict trusts it",
