@@ -451,3 +451,20 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
     # budget cases the check does not run: the budget makes the calls itself
     run_gate(OP, "torch", components=["check", "budget"], cases="1", seeds=1, budget_cases="0")
     assert calls[-1] is True
+
+
+def test_workers_of_several_operators_are_spawned_side_by_side():
+    """prespawn starts one bare process per operator whose worker is not alive (none for a
+    live one), and worker_for takes them instead of spawning its own."""
+    from fuseval import isolation
+    from fuseval.definitions import load
+    isolation.close_all()
+    defns = [load(OP, "small"), load("qwen2vl_decoder_layer", "small")]
+    try:
+        assert isolation.prespawn("torch", defns, "cpu") == 2
+        assert len(isolation._spare) == 2
+        isolation.worker_for("torch", defns[0], "cpu")
+        assert len(isolation._spare) == 1
+        assert isolation.prespawn("torch", defns, "cpu") == 0      # one live, one spare waiting
+    finally:
+        isolation.close_all()

@@ -451,6 +451,22 @@ def worker_for(impl: Any, defn: Any, device: str) -> Worker:
         return w
 
 
+def prespawn(impl: Any, defns: Sequence[Any], device: str) -> int:
+    """Spawn now, side by side, the processes the workers of ``impl`` for ``defns`` on
+    ``device`` will need (one per definition without a live worker, less the spares already
+    waiting), so that they import torch together rather than one after the other; each
+    ``worker_for`` then takes one. Returns how many were spawned."""
+    with _lock:
+        need = sum(1 for d in defns if (w := _workers.get(_key(impl, d, device))) is None or not w.alive())
+        spawned = 0
+        for _ in range(need - len(_spare)):
+            w = Worker(None, None, "cpu")
+            w.spawn()
+            _spare.append(w)
+            spawned += 1
+        return spawned
+
+
 def close_all() -> None:
     with _lock:
         for w in list(_workers.values()) + _spare:

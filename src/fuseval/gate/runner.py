@@ -74,14 +74,30 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
     from ..definitions import load
     from ..ops import impl_label, missing_implementation
     every = isinstance(op, str) and op == "all"
+    reasons = {name: missing_implementation(load(name), impl) if every else None for name in names}
+    _prespawn_workers([n for n in names if not reasons[n]], impl, s)
     plan: list[GateContext | list[ComponentResult]] = []
     for name in names:
-        reason = missing_implementation(load(name), impl) if every else None
+        reason = reasons[name]
         plan.append([not_run(name, c, reason) for c in chosen] if reason else context(name, impl, s))
     if not any(isinstance(p, GateContext) for p in plan):
         raise ImplementationError(f"implementation {impl_label(impl)!r}: no operator has it "
                                   "(see `fuseval list --op NAME`, or give 'module:function')")
     return plan
+
+
+def _prespawn_workers(names: list[str], impl: Any, s) -> None:
+    """The implementation's worker processes of every operator spawned side by side before
+    the contexts start them one by one (each imports torch meanwhile)."""
+    from .. import isolation
+    from ..definitions import load
+    if len(names) < 2 or not s.isolate or not isolation.can_isolate(impl)[0]:
+        return
+    try:
+        defns = [load(n, s.config or s.profile.config) for n in names]
+    except Exception:  # noqa: BLE001 - a bad configuration: the contexts report it, with its exit code
+        return
+    isolation.prespawn(impl, defns, s.device)
 
 
 def _check_jobs(jobs: Any) -> None:
