@@ -443,9 +443,14 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
     check, bud = both.components
     assert check.status == "fail" and "returned identical outputs" in " ".join(check.messages)
     assert both.exit_code == EXIT_HYGIENE
+    # the budget takes the check's finding on its case: it passes nothing the rules reject
+    assert bud.status == "fail" and bud.exit_code == EXIT_HYGIENE
+    assert "the check of this run found cached_result on budget case(s) 0" in bud.messages[0]
+    honest = run_gate(OP, "torch", components=["check", "budget"], cases="0,1", seeds=1, budget_cases="0")
+    assert [c.status for c in honest.components] == ["pass", "pass"] and calls[-1] is False
     alone = run_gate(OP, "gate_cache_mod:impl", components=["budget"], cases="0,1", seeds=1, budget_cases="0",
                      isolate=False)
-    assert calls == [False, True]
+    assert calls == [False, False, True]
     assert alone.components[0].status == "fail"
     assert "cached_result" in json.dumps(alone.components[0].data) + " ".join(alone.components[0].messages)
     # budget cases the check does not run: the budget makes the calls itself

@@ -253,9 +253,44 @@ def budget_component(ctx: GateContext) -> ComponentResult:
         for k, v in c.seconds.items():
             timings[k] = timings.get(k, 0.0) + v
     code = EXIT_OK if report.passed else EXIT_IMPL_RAISED if any(c.raised for c in report.cases) else EXIT_CHECK_FAILED
+    data = report.to_dict()
+    if repeated:
+        data["hygiene_left_to_check"] = {"seed": seed_values(ctx.seeds)[0], "cases": [c.case for c in report.cases]}
     return ComponentResult(ctx.op, "budget", "pass" if report.passed else "fail", summary, exit_code=code,
-                           messages=messages, tests=_stage_tests(report), files=files, data=report.to_dict(),
+                           messages=messages, tests=_stage_tests(report), files=files, data=data,
                            timings=timings, result=report)
+
+
+# the check's violations that the budget's own partial-cache calls would have found
+_PARTIAL_CALL_VIOLATIONS = ("cached_result", "timeout", "exited", "crashed", "raised", "out_of_memory")
+
+
+def join_budget_hygiene(results: list[ComponentResult]) -> None:
+    """A budget that left its partial-cache calls to the check of the same run takes the
+    check's findings on its cases: where the check found a cached result (or a later call
+    that ended without outputs) on a budget case of the same seed, the budget's figures
+    were measured on an implementation that fails those rules, so the budget fails too,
+    as it would have failed by its own calls. Applied once every component has run (in
+    any order, serial or side by side)."""
+    from ..errors import exit_code_for
+    checks = {r.op: r for r in results if r.name == "check"}
+    for r in results:
+        left = r.data.get("hygiene_left_to_check") if r.name == "budget" else None
+        check = checks.get(r.op)
+        if not left or check is None:
+            continue
+        found = [f for f in check.data.get("failures", []) if f.get("seed") == left["seed"]
+                 and f.get("case") in left["cases"] and set(f.get("violations", ())) & set(_PARTIAL_CALL_VIOLATIONS)]
+        if not found:
+            continue
+        violations = sorted({v for f in found for v in f["violations"] if v in _PARTIAL_CALL_VIOLATIONS})
+        why = (f"the check of this run found {', '.join(violations)} on budget case(s) "
+               f"{', '.join(str(f['case']) for f in found)} (seed {left['seed']}): the budget's figures "
+               "describe an implementation that fails the hygiene rules")
+        r.status, r.exit_code = "fail", exit_code_for(violations)
+        r.summary = f"{r.summary}; {why}"
+        r.messages.insert(0, why)
+        r.tests.append(TestResult("hygiene (from the check)", "fail", 0.0, why, why))
 
 
 RUNNERS: dict[str, Callable[[GateContext], ComponentResult]] = {

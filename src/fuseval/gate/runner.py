@@ -126,6 +126,7 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
             results += entry
         else:
             results += [done.get((entry.op, c)) or run_guarded(c, entry) for c in chosen]
+    _components.join_budget_hygiene(results)
     return results
 
 
