@@ -259,32 +259,22 @@ class _CaseRunner:
             return None
 
     def _partial_cache(self, case, seed: int, mode: str, inputs, produced, messages) -> bool:
-        """The check's later calls (:func:`fuseval.hygiene.partial_calls`: only the activations,
-        then only the weights drawn anew, calls that change nothing left out): each answer
-        must differ from the first and match the oracle on its own inputs (a result cached
-        on part of the inputs would otherwise be measured as exact). Returns True when one
-        of them did not."""
-        from ..comparison import compare
-        from ..hygiene import partial_calls, same_outputs
-        bad = False
-        for call in partial_calls(self.defn, case, seed, inputs, mode, self.device):
-            try:
-                out = _as_tuple(self.forward(*call.inputs))
-            except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict
-                messages.append(f"implementation raised (call with {call.what}): {_error_text(exc)}")
-                return True
-            if same_outputs(produced, out):
-                messages.append(f"cached_result: a call with {call.what} returned identical outputs")
-                bad = True
-                continue
-            refs = _as_tuple(self.oracle(*call.inputs))
-            wrong = [m for m in (compare(o, r, self.tolerance, n) for o, r, n in zip(out, refs, self.out_names))
-                     if not m.passed]
-            if wrong:
-                messages.append(f"cached_result: a call with {call.what} does not match the oracle on its "
-                                f"inputs ({wrong[0].name}: matched {wrong[0].matched_ratio:.4%})")
-                bad = True
-        return bad
+        """The check's cached-result rule (:func:`fuseval.hygiene.judge_partial_calls` on
+        :func:`fuseval.hygiene.partial_calls`: only the activations, then only the weights
+        drawn anew): each answer must differ from the first and match the oracle on its own
+        inputs (a result cached on part of the inputs would otherwise be measured as exact).
+        Returns True when one of them did not."""
+        from ..hygiene import judge_partial_calls, partial_calls
+        from ..in_process import Local
+        calls = partial_calls(self.defn, case, seed, inputs, mode, self.device)
+        violations: list[str] = []
+        found: list[str] = []
+        judge_partial_calls(self.defn, Local(self.forward, self.device), calls, produced, self.oracle,
+                            self.tolerance, "fuseval", True, False, None, None, lambda outputs: [],
+                            violations, found)
+        kinds = ", ".join(dict.fromkeys(violations))
+        messages.extend(f"{kinds}: {m}" for m in found)
+        return bool(violations)
 
     def _precision_of(self, r: StageResult, tap: torch.Tensor) -> None:
         """Record the precision the implementation stores the stage in, and the precision
