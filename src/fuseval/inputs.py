@@ -44,7 +44,7 @@ from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
 __all__ = ["generate_inputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "INTEGER_RANGES",
-           "exact_dtype", "input_generator",
+           "exact_dtype", "dtype_rule", "input_generator",
            "positions_to_cos_sin", "save_inputs", "load_inputs"]
 
 # dtype names of the definitions -> the torch storage dtype implementations receive
@@ -93,8 +93,14 @@ def _randn(shape, g) -> torch.Tensor:
     return torch.randn(shape, generator=g, dtype=torch.float32, device=g.device)
 
 
-def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
-    name, dtype = spec.name, spec.dtype
+def dtype_rule(dtype: str, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor | None:
+    """The benchmark's generic draw by dtype alone (its io.py), for a definition dtype name:
+    bool ``randint(0, 2)``; integers ``randint`` over :data:`INTEGER_RANGES`; fp8
+    ``clamp(randn, -2, 2)`` in the format (e4m3 by the exact codec, round to nearest even);
+    fp4 ``randn`` rounded onto the e2m1 grid and packed in pairs (uint8, fuseval's storage;
+    ``shape`` is the packed one). None for the other float dtypes, which name rules draw.
+    Shared by the built-in generic rules and the problem folders' inputs
+    (:mod:`fuseval.interop.inputs`)."""
     if dtype == "bool":
         return torch.randint(0, 2, shape, generator=g, device=g.device).bool()
     if dtype in INTEGER_RANGES:
@@ -104,10 +110,18 @@ def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generat
         return _randn(shape, g).clamp(-2, 2).to(torch.float8_e5m2)
     if dtype == "float4_e2m1fn_x2":
         # packed shape [rows, K/2]: draw [rows, K] and round each value onto the e2m1 grid
-        full = _randn(shape[:-1] + (shape[-1] * 2,), g)
+        full = _randn(tuple(shape[:-1]) + (shape[-1] * 2,), g)
         return nvfp4.pack_fp4(nvfp4.encode_e2m1(full))
     if dtype == "float8_e4m3fn":
         return nvfp4.encode_e4m3fn(_randn(shape, g).clamp(-2, 2)).view(torch.float8_e4m3fn)
+    return None
+
+
+def _benchmark_tensor(spec: TensorSpec, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor:
+    name, dtype = spec.name, spec.dtype
+    by_dtype = dtype_rule(dtype, shape, g)
+    if by_dtype is not None:
+        return by_dtype
     if name.endswith("norm_weight"):
         t = torch.ones(shape, device=g.device)
     elif name.endswith("cos"):

@@ -34,7 +34,6 @@ from typing import Any, Mapping
 import torch
 
 from ..inputs import input_generator
-from ..refimpl import nvfp4
 from .sol_problem import Problem, ProblemError, Workload
 
 __all__ = ["draw_inputs", "to_benchmark", "to_fuseval", "TORCH_DTYPES"]
@@ -45,7 +44,6 @@ TORCH_DTYPES: dict[str, torch.dtype] = {
     "float4_e2m1fn_x2": torch.float4_e2m1fn_x2, "int64": torch.int64, "int32": torch.int32,
     "int16": torch.int16, "int8": torch.int8, "bool": torch.bool,
 }
-_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)
 _WEIGHT_SUFFIXES = ("_weight", "_weights", "_proj", "_projs", "_proj_weight", "_proj_weights", "_weight_matrix")
 _NORMS = ("_norm", "_layernorm", "layernorm")
 
@@ -121,19 +119,17 @@ def _heuristic(name: str, shape: tuple[int, ...], dtype: torch.dtype, descriptio
     return None
 
 
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
 def _plain_random(dtype: torch.dtype, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor | None:
-    """The evaluator's rule by dtype alone (None for a float format it leaves to the name rules)."""
-    if dtype in _FP8:
-        return _randn(shape, g).clamp(-2.0, 2.0).to(dtype)
-    if dtype == torch.float4_e2m1fn_x2:
-        codes = nvfp4.encode_e2m1(_randn(tuple(shape[:-1]) + (2 * shape[-1],), g))
-        return nvfp4.pack_fp4(codes).view(torch.float4_e2m1fn_x2)
-    if dtype == torch.bool:
-        return torch.randint(0, 2, shape, generator=g, device=g.device).bool()
-    if not dtype.is_floating_point:
-        lo, hi = (-128, 128) if dtype == torch.int8 else (-1024, 1024)
-        return torch.randint(lo, hi, shape, generator=g, device=g.device, dtype=dtype)
-    return None
+    """The evaluator's rule by dtype alone (:func:`fuseval.inputs.dtype_rule`; None for a
+    float format it leaves to the name rules); packed fp4 comes back in torch's fp4 dtype."""
+    from ..inputs import dtype_rule
+    value = dtype_rule(_DTYPE_NAMES[dtype], shape, g)
+    if value is not None and dtype == torch.float4_e2m1fn_x2:
+        value = value.view(torch.float4_e2m1fn_x2)
+    return value
 
 
 def _random_scalar(problem: Problem, name: str, g: torch.Generator) -> Any:
