@@ -8,6 +8,7 @@ configuration and a few cases keep each run to a second or two."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import xml.etree.ElementTree as ET
@@ -473,3 +474,27 @@ def test_workers_of_several_operators_are_spawned_side_by_side():
         assert isolation.prespawn("torch", defns, "cpu") == 0      # one live, one spare waiting
     finally:
         isolation.close_all()
+
+
+def test_pool_processes_get_a_gpu_each_when_there_is_one_for_each(monkeypatch):
+    """With a GPU for every process, pool process k runs on the (k+1)-th visible GPU (the
+    gate's own process keeps the first); with fewer GPUs, an explicit cuda:N or the CPU
+    they share."""
+    import multiprocessing
+    from fuseval.gate import parallel
+    assert parallel.gpu_assignment("cuda", 3, ["0", "1", "2", "3"]) == ["1", "2"]
+    assert parallel.gpu_assignment("cuda", 2, ["4", "6"]) == ["6"]
+    assert parallel.gpu_assignment("cuda", 3, ["0", "1"]) is None         # fewer GPUs than processes
+    assert parallel.gpu_assignment("cuda:1", 2) is None and parallel.gpu_assignment("cpu", 2) is None
+    counter = multiprocessing.get_context("spawn").Value("i", 0)
+    seen, threads = [], torch.get_num_threads()
+    try:
+        for _ in range(3):
+            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2")
+            parallel._init(None, 1, list(sys.path), os.getcwd(), ["1", "2"], counter)
+            seen.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == ["1", "2", "1"]
+    if not torch.cuda.is_available():
+        assert parallel.default_jobs("cuda", 6) == 1 and parallel.default_jobs("cpu", 1) == 1

@@ -50,7 +50,8 @@ def add_arguments(p) -> None:
                    help="warn when less than this fraction of a rule's allowance is left (default: 0.5)")
     p.add_argument("--jobs", default="auto", type=_jobs,
                    help="components run side by side in this many processes (default: one per CPU "
-                        "core, at most 4, on the CPU; 1 on CUDA); the report is the same as a serial run's")
+                        "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own, else 1); "
+                        "the report is the same as a serial run's")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

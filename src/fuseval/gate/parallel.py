@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from .inputs import GateContext
 from .results import ComponentResult
 
-__all__ = ["default_jobs", "run_units"]
+__all__ = ["default_jobs", "gpu_assignment", "run_units"]
 
 # a unit's expected share of a gate's time, for the order of submission (longest first,
 # so the pool's processes finish together)
@@ -38,20 +38,55 @@ _contexts: dict[str, GateContext] = {}
 
 def default_jobs(device: str, units: int) -> int:
     """Processes for ``units`` units of work: on the CPU one per core (at most 4: each also
-    starts an implementation worker); on CUDA one (components of one GPU run in turn)."""
-    if device != "cpu" or units < 2:
+    starts an implementation worker); on CUDA one per GPU when the gate runs on "cuda" and
+    the machine has several (:func:`gpu_assignment`), else one (two processes sharing one
+    H200 measured no gain)."""
+    if units < 2:
         return 1
-    return max(1, min(units, os.cpu_count() or 1, 4))
+    if device == "cpu":
+        return max(1, min(units, os.cpu_count() or 1, 4))
+    gpus = _gpu_ids(device)
+    return min(units, len(gpus)) if gpus else 1
 
 
-def _init(relay, threads: int, path: list[str], cwd: str) -> None:
+def _gpu_ids(device: str) -> list[str] | None:
+    """The CUDA_VISIBLE_DEVICES entries a gate on ``device`` may spread over: every visible
+    GPU when it runs on "cuda" (or "cuda:0") and there are two or more, else None."""
+    if device not in ("cuda", "cuda:0"):
+        return None
+    import torch
+    n = torch.cuda.device_count()
+    if n < 2:
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else [str(i) for i in range(n)]
+    return ids[:n] if len(ids) >= 2 else None
+
+
+def gpu_assignment(device: str, jobs: int, ids: list[str] | None = None) -> list[str] | None:
+    """The GPU of each of the ``jobs - 1`` pool processes (a CUDA_VISIBLE_DEVICES entry;
+    this process keeps the first GPU), when every process can have one of its own; None
+    when they share (one GPU, fewer GPUs than processes, an explicit cuda:N, the CPU)."""
+    ids = _gpu_ids(device) if ids is None else ids
+    if not ids or len(ids) < jobs:
+        return None
+    return ids[1:jobs]
+
+
+def _init(relay, threads: int, path: list[str], cwd: str, gpus: list[str] | None, counter) -> None:
     """A pool process: the parent's import path and folder (an implementation given as
-    'module:function' imports there as in the parent), the relay, its share of threads."""
+    'module:function' imports there as in the parent), the relay, its share of threads,
+    and (``gpus``) a GPU of its own, seen as cuda:0 here and by its implementation worker."""
     global _relay
     import sys
     sys.path[:] = path
     os.chdir(cwd)
     _relay = relay
+    if gpus:
+        with counter.get_lock():
+            k = counter.value
+            counter.value += 1
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
     import torch
     torch.set_num_threads(threads)
 
@@ -77,12 +112,13 @@ def _run_unit(options: dict, op: str, component: str) -> ComponentResult:
 
 
 def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int,
-              progress: Callable[[str], None]) -> list[ComponentResult]:
+              progress: Callable[[str], None], device: str = "cpu") -> list[ComponentResult]:
     """Run every (context, component) of ``units``, ``jobs`` at a time: this process takes
     units itself (with the contexts, and implementation workers, it already validated)
     and ``jobs - 1`` pool processes take the others; results in the order of ``units``.
     ``options``: the implementation and the keyword arguments of ``settings`` (all but
-    ``progress``) that this process validated."""
+    ``progress``) that this process validated. On a machine with a GPU for every process,
+    each pool process runs on a GPU of its own (:func:`gpu_assignment`)."""
     from .runner import run_guarded
     order = sorted(range(len(units)), key=lambda i: -_WEIGHT.get(units[i][1], 1))
     lock = threading.Lock()
@@ -115,8 +151,10 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     try:
+        gpus = gpu_assignment(device, jobs) if device != "cpu" else None
         with ProcessPoolExecutor(max_workers=jobs - 1, mp_context=ctx_mp, initializer=_init,
-                                 initargs=(relay, threads, list(sys.path), os.getcwd())) as pool:
+                                 initargs=(relay, threads, list(sys.path), os.getcwd(), gpus,
+                                           ctx_mp.Value("i", 0))) as pool:
             drivers = [threading.Thread(target=drive, args=(pool,), daemon=True) for _ in range(jobs - 1)]
             for d in drivers:
                 d.start()

@@ -118,7 +118,7 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
         jobs = parallel.default_jobs(s.device, len(units))
     done: dict[tuple[str, str], ComponentResult] = {}
     if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
-        ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress)
+        ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
         done = {(ctx.op, c): r for (ctx, c), r in zip(units, ran)}
     results: list[ComponentResult] = []
     for entry in plan:
@@ -174,7 +174,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
     trusts it and runs it in this process. ``jobs``: components run side by side in this
     many processes (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on
-    the CPU, 1 on CUDA; default 1, serial); the report is the same as a serial run's, in the
+    the CPU, one per GPU on a machine with several, else 1; default 1, serial); the report is the same as a serial run's, in the
     same order. An implementation given as a callable runs serially.
 
     Raises :class:`~fuseval.errors.FusevalError` for bad input to the gate itself (unknown
