@@ -16,7 +16,7 @@ Stages (SPEC.md), x = hidden_states:
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping, MutableMapping
+from typing import Any, Callable, Mapping, MutableMapping
 
 import torch
 import torch.nn.functional as F
@@ -120,13 +120,13 @@ reference_hf_mrope = functools.partial(reference, mrope_layout="hf")
 reference_hf_mrope.__doc__ = "The oracle with HF Qwen2-VL's mRoPE layout (the ``hf_mrope`` variant)."
 
 
-def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
-                k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
-                rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
-                up_proj_weight, down_proj_weight, rms_norm_eps, *, mrope_layout: str = "sol"):
-    """What a user would write in plain torch: float32 ops, SDPA for attention.
-
-    Matmul precision follows torch's global setting (see ``torch_eager_tf32``)."""
+def _torch_layer(inputs, mrope_layout: str, linear: Callable, attention_dtype: torch.dtype | None = None):
+    """The decoder layer in plain torch ops, the body of the torch baselines: fp32 norms,
+    RoPE, SiLU and residual adds; ``linear(a, w, bias=None)`` does every projection; SDPA
+    for attention on operands cast to ``attention_dtype`` (None: as they are)."""
+    (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias,
+     v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin, post_attention_layernorm_weight,
+     gate_proj_weight, up_proj_weight, down_proj_weight, rms_norm_eps) = inputs
     eps = float(rms_norm_eps)
     d = rope_cos.shape[-1]
     hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
@@ -134,23 +134,39 @@ def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bia
     def norm(t, w):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
 
+    def attend(t):
+        return t if attention_dtype is None else t.to(attention_dtype)
+
     x = hidden_states
     h = norm(x, input_layernorm_weight)
-    q = _split_heads(F.linear(h, q_proj_weight, q_proj_bias), hq)
-    k = _split_heads(F.linear(h, k_proj_weight, k_proj_bias), hkv)
-    v = _split_heads(F.linear(h, v_proj_weight, v_proj_bias), hkv)
+    q = _split_heads(linear(h, q_proj_weight, q_proj_bias), hq)
+    k = _split_heads(linear(h, k_proj_weight, k_proj_bias), hkv)
+    v = _split_heads(linear(h, v_proj_weight, v_proj_bias), hkv)
     seq_len = hidden_states.shape[1]
     cos = st.mrope_select(rope_cos, seq_len, mrope_layout)[:, None]
     sin = st.mrope_select(rope_sin, seq_len, mrope_layout)[:, None]
     q = q * cos + st.rotate_half(q) * sin
     k = k * cos + st.rotate_half(k) * sin
     group = hq // hkv
-    attn = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1),
-                                          v.repeat_interleave(group, 1), is_causal=True)
-    x1 = x + F.linear(_merge_heads(attn), o_proj_weight)
+    attn = F.scaled_dot_product_attention(attend(q), attend(k.repeat_interleave(group, 1)),
+                                          attend(v.repeat_interleave(group, 1)), is_causal=True)
+    x1 = x + linear(_merge_heads(attn), o_proj_weight)
     h2 = norm(x1, post_attention_layernorm_weight)
-    m = F.linear(F.silu(F.linear(h2, gate_proj_weight)) * F.linear(h2, up_proj_weight), down_proj_weight)
+    m = linear(F.silu(linear(h2, gate_proj_weight)) * linear(h2, up_proj_weight), down_proj_weight)
     return (x1 + m,)
+
+
+def torch_eager(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
+                k_proj_weight, k_proj_bias, v_proj_weight, v_proj_bias, o_proj_weight,
+                rope_cos, rope_sin, post_attention_layernorm_weight, gate_proj_weight,
+                up_proj_weight, down_proj_weight, rms_norm_eps, *, mrope_layout: str = "sol"):
+    """What a user would write in plain torch: float32 ops, SDPA for attention.
+
+    Matmul precision follows torch's global setting (see ``torch_eager_tf32``)."""
+    inputs = (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias,
+              v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin, post_attention_layernorm_weight,
+              gate_proj_weight, up_proj_weight, down_proj_weight, rms_norm_eps)
+    return _torch_layer(inputs, mrope_layout, F.linear)
 
 
 torch_eager_hf_mrope = functools.partial(torch_eager, mrope_layout="hf")
@@ -200,35 +216,17 @@ def torch_eager_fp16(hidden_states, input_layernorm_weight, q_proj_weight, q_pro
     its operands made in the call (weights included: nothing is kept across calls), fp32
     accumulation, fp16 results; SDPA in fp16; norms, RoPE, biases, SiLU and the residual
     adds in fp32 (the baseline the "fp16" policy of the fast path is measured against)."""
-    eps = float(rms_norm_eps)
-    d = rope_cos.shape[-1]
-    hq, hkv = q_proj_weight.shape[0] // d, k_proj_weight.shape[0] // d
     half = torch.float16
 
-    def norm(t, w):
-        return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps) * w
+    def linear(a, w, bias=None):
+        out = F.linear(a.to(half), w.to(half)).float()
+        return out if bias is None else out + bias
 
-    def linear(a, w):
-        return F.linear(a.to(half), w.to(half)).float()
-
+    inputs = (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias,
+              v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin, post_attention_layernorm_weight,
+              gate_proj_weight, up_proj_weight, down_proj_weight, rms_norm_eps)
     with _ExactFp16Reductions():
-        x = hidden_states
-        h = norm(x, input_layernorm_weight)
-        q = _split_heads(linear(h, q_proj_weight) + q_proj_bias, hq)
-        k = _split_heads(linear(h, k_proj_weight) + k_proj_bias, hkv)
-        v = _split_heads(linear(h, v_proj_weight) + v_proj_bias, hkv)
-        seq_len = hidden_states.shape[1]
-        cos = st.mrope_select(rope_cos, seq_len, mrope_layout)[:, None]
-        sin = st.mrope_select(rope_sin, seq_len, mrope_layout)[:, None]
-        q = q * cos + st.rotate_half(q) * sin
-        k = k * cos + st.rotate_half(k) * sin
-        group = hq // hkv
-        attn = F.scaled_dot_product_attention(q.to(half), k.repeat_interleave(group, 1).to(half),
-                                              v.repeat_interleave(group, 1).to(half), is_causal=True)
-        x1 = x + linear(_merge_heads(attn), o_proj_weight)
-        h2 = norm(x1, post_attention_layernorm_weight)
-        m = linear(F.silu(linear(h2, gate_proj_weight)) * linear(h2, up_proj_weight), down_proj_weight)
-        return (x1 + m,)
+        return _torch_layer(inputs, mrope_layout, linear, attention_dtype=half)
 
 
 torch_eager_fp16_hf_mrope = functools.partial(torch_eager_fp16, mrope_layout="hf")
