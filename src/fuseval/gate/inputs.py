@@ -68,7 +68,7 @@ class GateContext:
     isolate: bool = True
     timeout: float | None = None
     not_run: dict[str, str] | None = None     # component -> why it is not run for this operator
-    check_runs: bool = False    # the check component runs in the same gate (set by the runner)
+    check_runs: bool = False    # the check component runs in the same gate
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,7 @@ class Settings:
     progress: Callable[[str], None]
     isolate: bool
     timeout: float | None
+    components: tuple[str, ...] = COMPONENTS    # the components this run makes
 
 
 def profile_of(profile: str | Profile) -> Profile:
@@ -153,7 +154,8 @@ def _seeds(seeds: Any) -> int | list[int]:
 
 
 def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict, budget_config,
-             budget_cases, budget, out, progress, isolate, timeout) -> Settings:
+             budget_cases, budget, out, progress, isolate, timeout,
+             components: Sequence[str] = COMPONENTS) -> Settings:
     """Validate the options that do not depend on the operator."""
     from ..isolation import default_isolate
     from ..stats import DEFAULT_WARN_MARGIN
@@ -169,7 +171,8 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
         raise UsageError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
     return Settings(prof, dev, config, cases, prof.seeds if seeds is None else _seeds(seeds), mode,
                     float(margin), bool(strict), budget_config, budget_cases, budget_cases == "profile",
-                    budget, out, progress or (lambda message: None), default_isolate(isolate), timeout)
+                    budget, out, progress or (lambda message: None), default_isolate(isolate), timeout,
+                    tuple(components))
 
 
 def _selection(given: Any, n: int, what: str) -> Any:
@@ -226,7 +229,8 @@ def context(op: str, impl: str | Callable, s: Settings) -> GateContext:
                        config=config, cases=cases, seeds=s.seeds, mode=s.mode, warn_margin=s.warn_margin,
                        strict=s.strict, budget_config=budget_config, budget_cases=budget_cases, budget=budget,
                        out=s.out, progress=s.progress, extra_seed_cases=extra, isolate=s.isolate,
-                       timeout=s.timeout, not_run={"budget": no_budget} if no_budget else {})
+                       timeout=s.timeout, not_run={"budget": no_budget} if no_budget else {},
+                       check_runs="check" in s.components)
 
 
 def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: bool) -> None:

@@ -95,20 +95,21 @@ def _progress(message: str) -> None:
     _relay.put(message)
 
 
-def _run_unit(options: dict, op: str, component: str) -> ComponentResult:
-    """One component of one operator, in a pool process (its context built once per operator)."""
+def _run_unit(options: dict, op: str, component: str) -> bytes:
+    """One component of one operator, in a pool process (its context built once per
+    operator); its ComponentResult pickled, once (the report object it carries left out
+    when it does not pickle: its data comes back all the same)."""
     from .inputs import context, settings
     from .runner import run_guarded
     ctx = _contexts.get(op)
     if ctx is None:
         ctx = _contexts[op] = context(op, options["impl"], settings(**options["settings"], progress=_progress))
-        ctx.check_runs = options["check_runs"] and "check" not in ctx.not_run
     result = run_guarded(component, ctx)
     try:
-        pickle.dumps(result.result)
-    except Exception:  # noqa: BLE001 - the report object stays in the pool process; its data came back
+        return pickle.dumps(result)
+    except Exception:  # noqa: BLE001 - the report object stays in the pool process
         result.result = None
-    return result
+        return pickle.dumps(result)
 
 
 def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int,
@@ -143,7 +144,7 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
         while (i := next_unit()) is not None:
             ctx, name = units[i]
             try:
-                results[i] = pool.submit(_run_unit, options, ctx.op, name).result()
+                results[i] = pickle.loads(pool.submit(_run_unit, options, ctx.op, name).result())
             except Exception as exc:  # noqa: BLE001 - a pool process that died: that unit's error
                 results[i] = _lost(ctx, name, exc)
 

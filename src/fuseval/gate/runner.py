@@ -108,10 +108,6 @@ def _check_jobs(jobs: Any) -> None:
 def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) -> list[ComponentResult]:
     """Every component of the plan, in the plan's order: serially, or in ``jobs`` processes."""
     from . import parallel
-    for entry in plan:
-        if isinstance(entry, GateContext):
-            entry.check_runs = "check" in chosen and "check" not in entry.not_run
-    options = {**options, "check_runs": "check" in chosen}
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
     if jobs == "auto":
@@ -146,7 +142,7 @@ def run_component(name: str, op: str, impl: str | Callable, *, profile: str | Pr
         raise UsageError(f"op: one operator expected here, got {', '.join(names)}")
     s = settings(profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
                  warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
-                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout)
+                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=[name])
     return run_guarded(name, context(names[0], impl, s))
 
 
@@ -187,12 +183,12 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     _check_jobs(jobs)
     s = settings(profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
                  warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
-                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout)
+                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=chosen)
     plan = _plan(op, names, impl, s, chosen)
     options = {"impl": impl, "settings": dict(
         profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
         warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
-        budget=budget, out=out, isolate=isolate, timeout=timeout)}
+        budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
     results = _run_plan(plan, chosen, options, s, jobs)
     from ..ops import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
