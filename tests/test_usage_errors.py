@@ -314,3 +314,18 @@ def test_a_validation_error_of_the_library_becomes_a_usage_error_only_at_validat
     usage_error(rc, err, "--cases", "out of range")
     rc, out, err = run(capsys, "check", "--op", OP, "--impl", "reference", "--cases", "0")
     usage_error(rc, err, "'reference' is the float64 oracle", "reference_fp32")
+
+
+def test_a_replay_file_that_does_not_fit_is_a_usage_error(tmp_path, capsys):
+    """--replay of an unreadable file, or of a case of another configuration: one line
+    naming --replay and the file, the usage exit code, no traceback."""
+    from fuseval.inputs import generate_inputs, save_inputs
+    defn = load(OP, "small")
+    path = save_inputs(str(tmp_path / "case.pt"), defn, generate_inputs(defn, defn.cases([0])[0].axes, seed=3),
+                       case=0, seed=3, mode="benchmark", config="small", variant=defn.variant)
+    for argv, needle in ((["--config", "tiny", "--replay", path], "holds a case of config 'small'"),
+                         (["--replay", str(tmp_path / "missing.pt")], "cannot be read")):
+        code = cli.main(["check", "--op", OP, "--impl", "torch", *argv])
+        _, err = capsys.readouterr()
+        assert code == EXIT_USAGE and "--replay: inputs file" in err and needle in err, err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -29,26 +29,12 @@ class Part:
     what: str = ""
 
 
-def _graph(fn: Callable[[], Any]) -> torch.cuda.CUDAGraph:
-    """``fn`` captured into a CUDA graph (warmed first on a side stream, as capture requires)."""
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, **timer) -> dict[str, dict]:
     """{name: {"median_ms", "floor_ms", "bound", "flops", "bytes", "what", "error"}} for each
     part: its graph replays timed by ``time_call(**timer)``; a part that fails is reported
     with its error, not raised."""
     from .bench import floor_seconds, time_call
+    from .fast._graphs import capture
     out: dict[str, dict] = {}
     for name, part in parts.items():
         row: dict[str, Any] = {"flops": part.flops, "bytes": part.bytes, "what": part.what,
@@ -58,7 +44,8 @@ def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, *
                                                  "matmul_dtype": part.matmul_dtype}, ceilings)
             row["floor_ms"] = floor * 1e3
         try:
-            graph = _graph(part.run)
+            part.run()                       # compiles the part's kernels before the capture
+            graph, _ = capture(part.run, device)
             row["median_ms"] = time_call(graph.replay, device=device, **timer).median_ms
             del graph
         except Exception as exc:  # noqa: BLE001 - one part that cannot be timed is reported

@@ -413,21 +413,31 @@ def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int,
     path = os.path.join(folder, f"{defn.name}-{defn.config}-case{case.index}-seed{case_seed}.pt")
     inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
     save_inputs(path, defn, inputs, case=case.index, seed=case_seed, mode=mode, device=str(device),
-                variant=defn.variant)
+                config=defn.config, variant=defn.variant)
     result.messages.append(f"inputs saved to {path}; replay: fuseval check --op {defn.name} --config "
                            f"{defn.config} --impl {_ops.impl_label(impl)} --replay {path}")
 
 
+class ReplayFileError(ValueError):
+    """A ``replay`` file that cannot be read or does not fit the check (the CLI's
+    ``--replay`` error)."""
+
+
 def read_replay(path: str, defn: Definition, device: torch.device):
-    """(inputs, meta) of a ``save_failing`` file, on ``device``; a ValueError (naming the
-    file) for a file of another operator, configuration or variant."""
+    """(inputs, meta) of a ``save_failing`` file, on ``device``; a :class:`ReplayFileError`
+    (naming the file) for an unreadable file or one of another operator, configuration or
+    variant."""
     from .inputs import load_inputs
-    inputs, meta = load_inputs(path, defn, device=device)
-    if "case" not in meta or "seed" not in meta:
-        raise ValueError(f"inputs file {path!r}: no case and seed recorded (not written by check's save_failing)")
-    doc_config = torch.load(path, map_location="cpu", weights_only=True).get("config")
+    try:
+        inputs, meta = load_inputs(path, defn, device=device)
+    except ValueError as exc:
+        raise ReplayFileError(str(exc)) from exc
+    if not {"case", "seed", "config"} <= set(meta):
+        raise ReplayFileError(f"inputs file {path!r}: no case, seed and config recorded (not written by check's "
+                         "save_failing)")
+    doc_config = meta["config"]
     if doc_config != defn.config or meta.get("variant", defn.variant) != defn.variant:
-        raise ValueError(f"inputs file {path!r} holds a case of config {doc_config!r}, variant "
+        raise ReplayFileError(f"inputs file {path!r} holds a case of config {doc_config!r}, variant "
                          f"{meta.get('variant')!r}; this check runs config {defn.config!r}, variant {defn.variant!r}")
     return inputs, meta
 

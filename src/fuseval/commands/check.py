@@ -30,19 +30,13 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..check import check
+    from ..check import ReplayFileError, check
     from ..errors import UsageError, exit_code_for
     from ..jsonio import dumps
     from ..report import case_progress, print_check_report
     from . import operator_definition, writable_file
 
-    defn = operator_definition(args.op, args.config, args.cases)
-    if args.replay:
-        import torch
-        from ..check import read_replay
-        from ..errors import user_input
-        with user_input("--replay"):
-            read_replay(args.replay, defn, torch.device("cpu"))
+    operator_definition(args.op, args.config, args.cases)
     if args.impl == "reference":
         raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
                          "check 'reference_fp32' for the float32 reference, or another implementation")
@@ -50,11 +44,14 @@ def run(args) -> int:
     if args.save_failing:
         from . import writable_folder
         writable_folder(args.save_failing, "--save-failing")
-    report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
-                   seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
-                   progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
-                   predict=not args.no_predict, isolate=False if args.in_process else None, timeout=args.timeout,
-                   save_failing=args.save_failing, replay=args.replay)
+    try:
+        report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
+                       seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
+                       progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
+                       predict=not args.no_predict, isolate=False if args.in_process else None,
+                       timeout=args.timeout, save_failing=args.save_failing, replay=args.replay)
+    except ReplayFileError as exc:         # read once, by the check itself
+        raise UsageError(f"--replay: {exc}") from None
     print_check_report(report)
     if not report.isolated:
         print("note: the implementation ran in fuseval's own process (--in-process): the verdict trusts it",

@@ -94,16 +94,24 @@ class GraphCache:
         return tuple(t.clone() for t in outputs) if self.clone_outputs else outputs
 
     def _capture(self, device: torch.device, run) -> tuple[torch.cuda.CUDAGraph, tuple[torch.Tensor, ...]]:
-        graph = torch.cuda.CUDAGraph()
-        caller = torch.cuda.current_stream(device)
-        side = torch.cuda.Stream(device)
-        side.wait_stream(caller)                  # inputs written on the caller's stream are ready
-        with torch.cuda.stream(side):
-            graph.capture_begin()
-            try:
-                outputs = run()
-            finally:
-                graph.capture_end()
-        caller.wait_stream(side)
+        graph, outputs = capture(run, device)
         self.captures += 1
         return graph, tuple(outputs)
+
+
+def capture(run: Callable[[], Any], device: torch.device) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """``run()``'s launches recorded into a CUDA graph on a side stream (after the work the
+    caller's stream has queued); returns (the graph, what ``run`` returned during capture).
+    ``run`` must have run once before, so that its kernels are compiled."""
+    graph = torch.cuda.CUDAGraph()
+    caller = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+    side.wait_stream(caller)                      # inputs written on the caller's stream are ready
+    with torch.cuda.stream(side):
+        graph.capture_begin()
+        try:
+            outputs = run()
+        finally:
+            graph.capture_end()
+    caller.wait_stream(side)
+    return graph, outputs
