@@ -327,13 +327,6 @@ class _QuantPlan:
 _QUANT_PLANS: dict[tuple, _QuantPlan] = {}
 
 
-def _pow2_at_least(n: int, lo: int) -> int:
-    p = lo
-    while p < n:
-        p *= 2
-    return p
-
-
 def _quant_plan(m: int, k: int, cfg: QuantConfig) -> _QuantPlan:
     key = (m, k, cfg)
     plan = _QUANT_PLANS.get(key)
@@ -343,9 +336,9 @@ def _quant_plan(m: int, k: int, cfg: QuantConfig) -> _QuantPlan:
         while triton.cdiv(n, chunk) > _AMAX_MAX_PARTIALS:
             chunk *= 2
         n_part = max(1, triton.cdiv(n, chunk))
-        kp = _pow2_at_least(k, 16)
+        kp = max(16, triton.next_power_of_2(k))
         br = max(1, cfg.tile // kp)
-        plan = _QuantPlan(chunk, n_part, _pow2_at_least(n_part, 1), kp, br, max(1, triton.cdiv(m, br)))
+        plan = _QuantPlan(chunk, n_part, triton.next_power_of_2(n_part), kp, br, max(1, triton.cdiv(m, br)))
         if len(_QUANT_PLANS) > 256:
             _QUANT_PLANS.clear()
         _QUANT_PLANS[key] = plan
