@@ -68,20 +68,45 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
         return _compare_exact(out, ref, tol, name)
     if rules == "sol":
         return _compare_sol(out, ref, tol, name)
+    o, r, both, same_nonfinite, diff = _float_elements(out, ref)
+    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
+    # a finite output where the oracle is NaN/Inf (e.g. a NaN scale code decoded as some
+    # number) silently repairs a value the format defines as poisoned: also a failure
+    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum()) + int(((~r_fin) & o_fin).sum())
+    ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
+    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & r_fin).any())
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+
+
+def _float_elements(out: torch.Tensor, ref: torch.Tensor):
+    """Both sides in float64 and, per element, (both finite, the same non-finite value on
+    both sides, |out - ref| where both are finite, 0 for the same non-finite value, inf
+    otherwise): what fuseval's rule judges."""
     o = out.detach().to(torch.float64)
     r = ref.detach().to(device=o.device, dtype=torch.float64)
     o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
     # a non-finite output is acceptable only where the oracle has the very same value
     same_nonfinite = (~o_fin) & (~r_fin) & ((o == r) | (torch.isnan(o) & torch.isnan(r)))
-    # ... and a finite output where the oracle is NaN/Inf (e.g. a NaN scale code decoded as
-    # some number) silently repairs a value the format defines as poisoned: also a failure
-    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum()) + int(((~r_fin) & o_fin).sum())
     both = o_fin & r_fin
-    inf = torch.full_like(o, math.inf)
-    diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o), inf))
-    ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
-    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & r_fin).any())
-    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+    diff = torch.where(both, (o - r).abs(), torch.where(same_nonfinite, torch.zeros_like(o),
+                                                        torch.full_like(o, math.inf)))
+    return o, r, both, same_nonfinite, diff
+
+
+def tolerance_ratios(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> torch.Tensor:
+    """Per element, how much of its bound fuseval's rule lets it use: |out - ref| /
+    (atol + rtol |ref|) in float64, 0 for an exact match (the same non-finite value
+    included, and an equal element under a zero bound), inf for a non-finite value the
+    oracle does not have. Integer and bool outputs: 0 where equal, inf where not. An
+    element passes :func:`compare` exactly when its ratio is at most 1."""
+    o, r = out.detach(), ref.detach().to(device=out.device)
+    if exact_dtype(o.dtype) or exact_dtype(r.dtype):
+        equal = o.to(torch.float64) == r.to(torch.float64)
+        return torch.where(equal, torch.zeros((), dtype=torch.float64), torch.full((), math.inf, dtype=torch.float64))
+    o, r, both, same_nonfinite, diff = _float_elements(o, r)
+    ratio = torch.where(both, diff / (tol.atol + tol.rtol * r.abs()), diff)
+    ratio = torch.nan_to_num(ratio, nan=math.inf)               # 0 / 0: an equal element under a zero bound
+    return torch.where(same_nonfinite | (both & (diff == 0)), torch.zeros_like(ratio), ratio)
 
 
 def _compare_sol(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str) -> OutputMetrics:

@@ -141,29 +141,15 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
 
 def tolerance_use(out: torch.Tensor, ref: torch.Tensor, tol) -> float:
     """How much of the tolerance ``tol`` an output spends: the ``min_matched_ratio``
-    quantile of the elements' ``|out - ref| / (atol + rtol |ref|)`` (a non-finite element, or
-    a NaN/Inf the oracle does not have, counts as infinitely far). The case's matched ratio
-    reaches the required one exactly when this is at most 1, so 0.4 means: the element at the
-    required ratio sits at 40% of its bound. Integer and bool outputs are compared exactly
-    (:func:`fuseval.inputs.exact_dtype`): an element spends 0 when equal, infinitely much
-    when not."""
-    from ..inputs import exact_dtype
-    o = out.detach()
-    r = ref.detach().to(device=o.device)
-    if o.numel() == 0:
+    quantile of the elements' ``|out - ref| / (atol + rtol |ref|)``
+    (:func:`fuseval.comparison.tolerance_ratios`: a NaN/Inf the oracle does not have counts
+    as infinitely far, an integer or bool element spends 0 when equal, infinitely much when
+    not). The case's matched ratio reaches the required one exactly when this is at most
+    1, so 0.4 means: the element at the required ratio sits at 40% of its bound."""
+    from ..comparison import tolerance_ratios
+    if out.numel() == 0:
         return 0.0
-    if exact_dtype(o.dtype) or exact_dtype(r.dtype):
-        equal = o.to(torch.float64) == r.to(torch.float64)
-        ratio = torch.where(equal, torch.zeros((), dtype=torch.float64), torch.full((), math.inf, dtype=torch.float64))
-    else:
-        o64, r64 = o.to(torch.float64), r.to(torch.float64)
-        both = torch.isfinite(o64) & torch.isfinite(r64)
-        same = ~both & ((o64 == r64) | (torch.isnan(o64) & torch.isnan(r64)))
-        bound = tol.atol + tol.rtol * r64.abs()
-        ratio = torch.where(both, (o64 - r64).abs() / bound, torch.full_like(o64, math.inf))
-        ratio = torch.where(same, torch.zeros_like(ratio), ratio)
-        ratio = torch.nan_to_num(ratio, nan=math.inf)    # 0 / 0: an exact element with a zero bound
-        ratio = torch.where(both & (o64 == r64), torch.zeros_like(ratio), ratio)
+    ratio = tolerance_ratios(out, ref, tol)
     k = min(ratio.numel(), max(1, math.ceil(tol.min_matched_ratio * ratio.numel())))
     return kth_smallest(ratio.flatten(), k)
 
