@@ -422,3 +422,15 @@ def test_kth_smallest_is_exact_with_zeros_and_infinities(bisect):
     ordered = x.sort().values
     for k in (1, 2, 38, 2500, 4444, 4999, 5000):
         assert kth_smallest(x, k, bisect=bisect) == float(ordered[k - 1]), k
+
+
+def test_tolerance_used_is_infinite_when_a_required_element_is_not_finite():
+    """An output whose element at the required ratio is a NaN the oracle does not have
+    spends an infinite share of the tolerance (not the largest float64)."""
+    from fuseval.budget.metrics import tolerance_use
+    from fuseval.definitions import Tolerance
+    ref = torch.ones(10, dtype=torch.float64)
+    out = ref.clone()
+    out[:2] = float("nan")
+    assert tolerance_use(out, ref, Tolerance(atol=1e-3, rtol=0, min_matched_ratio=0.9)) == math.inf
+    assert tolerance_use(out, ref, Tolerance(atol=1e-3, rtol=0, min_matched_ratio=0.8)) == 0.0

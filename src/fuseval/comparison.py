@@ -105,7 +105,9 @@ def tolerance_ratios(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance) -> to
         return torch.where(equal, torch.zeros((), dtype=torch.float64), torch.full((), math.inf, dtype=torch.float64))
     o, r, both, same_nonfinite, diff = _float_elements(o, r)
     ratio = torch.where(both, diff / (tol.atol + tol.rtol * r.abs()), diff)
-    ratio = torch.nan_to_num(ratio, nan=math.inf)               # 0 / 0: an equal element under a zero bound
+    # 0 / 0 (an equal element under a zero bound, set to 0 below) and inf stay infinite:
+    # nan_to_num's default would turn inf into the largest float64
+    ratio = torch.nan_to_num(ratio, nan=math.inf, posinf=math.inf)
     return torch.where(same_nonfinite | (both & (diff == 0)), torch.zeros_like(ratio), ratio)
 
 
