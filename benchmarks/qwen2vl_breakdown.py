@@ -217,7 +217,7 @@ ATTN_BS = [(64, 128), (8, 373), (2, 1571), (1, 8192)]
 
 
 # --------------------------------------------------------------------------- parallel compile
-KINDS = ("norm", "qkv", "attention", "o_proj", "gate_up", "down")
+KINDS = ("convert", "norm", "qkv", "attention", "o_proj", "gate_up", "down")
 
 
 def kernel_calls(W, act, plan, precision="tf32"):
@@ -232,8 +232,14 @@ def kernel_calls(W, act, plan, precision="tf32"):
     h, qk, vt, attn, x1, h2, a, out = (e(M, H, dtype=act_t), e(M, sh.QD + sh.KD, dtype=qkv_t),
                                       e(sh.B, sh.Hkv, sh.D, sh.S_pad, dtype=qkv_t), e(M, sh.QD, dtype=act_t),
                                       e(M, H), e(M, H, dtype=act_t), e(M, sh.I, dtype=act_t), e(M, H))
+    calls = {}
+    if plan.fp16_weights:          # the layer's conversion pass; the GEMMs below read its fp16 copies
+        names = ("wq", "wk", "wv", "wo", "wg", "wu", "wd")
+        fp32 = W
+        calls["convert"] = lambda: [F.launch_to_fp16(fp32[n]) for n in names]
+        W = dict(W, **{n: W[n].half() for n in names})
     wqkv = (W["wq"], W["bq"], W["wk"], W["bk"], W["wv"], W["bv"])
-    return {
+    return calls | {
         "norm": lambda: F.launch_norm(x2, W["w_in"], h, 1e-6, plan),
         "qkv": lambda: F.launch_qkv(h, wqkv, cos, sin, sh, plan, qk, vt, fused=True),
         "attention": lambda: F.launch_attention(qk, vt, attn, sh, plan),
@@ -247,15 +253,15 @@ def kernel_calls(W, act, plan, precision="tf32"):
 
 def compile_key(kind, plan):
     """What decides the compiled kernel of ``kind`` (o_proj and down share one kernel)."""
-    if kind == "norm":
-        return ("norm", plan.norm_rows, plan.norm_warps)
+    if kind in ("norm", "convert"):
+        return (kind, plan.norm_rows, plan.norm_warps)
     if kind == "qkv":
-        return ("qkv", plan.precision, plan.qkv_heads_per_tile, plan.qkv)
+        return ("qkv", plan.precision, plan.fp16_weights, plan.qkv_heads_per_tile, plan.qkv)
     if kind == "attention":
         return ("attention", plan.attention_precision, plan.attention)
     if kind in ("o_proj", "down"):
-        return ("residual", plan.precision, getattr(plan, kind))
-    return ("gate_up", plan.precision, plan.gate_up)
+        return ("residual", plan.precision, plan.fp16_weights, getattr(plan, kind))
+    return ("gate_up", plan.precision, plan.fp16_weights, plan.gate_up)
 
 
 def compile_job(job):
@@ -283,6 +289,8 @@ def plan_jobs(B, S, precision, tuning, seen):
     plan = F.plan_for(F.shape_of(inputs_of(W, act)), device, precision, tuning=tuning)
     jobs = []
     for kind in KINDS:
+        if kind == "convert" and not plan.fp16_weights:
+            continue
         key = compile_key(kind, plan)
         if key not in seen:
             seen[key] = (kind, B, S, precision, tuning)

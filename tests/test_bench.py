@@ -171,6 +171,28 @@ def test_report_shows_the_floor_at_the_sustained_rate(tmp_path):
     assert bench_render.sustained_lines(plain) == [] and "sustained_floor_mean_ms" not in plain.summary()
 
 
+def test_report_shows_the_floor_at_the_rates_the_cost_model_adds(tmp_path):
+    """A cost model's "floors_also_at" gives each case a floor at those matmul rates; the
+    summary and the terminal show their means and the fast path's fraction of them."""
+    report = _report()
+    report.ceilings["matmul_flops_per_s"] = dict(report.ceilings["matmul_flops_per_s"], fp16=756e12)
+    for cb, ms in zip(report.cases, (0.125, 0.625)):
+        cb.floors_at_ms = {"fp16": ms}
+    s = report.summary()
+    assert s["floor_mean_at_ms"] == {"fp16": 0.375}
+    assert s["fraction_of_floor_at"]["fp16"]["fast"] == pytest.approx(0.375)
+    assert s["floor_mean_ms"] == 0.75                                  # the cost model's own floor unchanged
+    line = [ln for ln in bench_render.summary_lines(report) if ln.startswith("floor at the fp16")]
+    assert line == ["floor at the fp16 rate (756 TFLOP/s): 0.375 ms (suite mean); fast reaches 37.5% of it"]
+    report.cases[1].floors_at_ms = {}                                  # one case without it: no mean
+    assert "floor_mean_at_ms" not in report.summary()
+    assert "floor_mean_at_ms" not in _report().summary()
+    from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model
+    cost = cost_model(load("qwen2vl_decoder_layer").resolve_axes({"seq_len": 128, "kv_seq_len": 128,
+                                                                  "batch_size": 1}))
+    assert cost["floors_also_at"] == ["fp16"]
+
+
 def test_bench_json_records_the_fast_options_and_the_terminal_shows_them(tmp_path):
     report = _report()
     tiles = {str(2 ** i): {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 3} for i in range(6, 14)}

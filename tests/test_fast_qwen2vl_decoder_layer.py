@@ -170,9 +170,12 @@ def test_staged_override_replaces_a_stage():
     # a wrong attention output must show downstream (the override is really used)
     bad = fast.forward.staged(*inputs, override={"attention": torch.zeros_like(taps["attention"])})[0]
     assert not compare(bad, ref, defn.tolerance).passed
+    # the override is the stage's value, stored as the policy stores that stage
     seen: dict = {}
-    fast.forward.staged(*inputs, taps=seen, override={"mrope": taps["mrope"]})
+    fast.forward.staged(*inputs, taps=seen, override={"mrope": taps["mrope"]}, precision="tf32")
     assert torch.equal(seen["mrope"], taps["mrope"].float())
+    fast.forward.staged(*inputs, taps=seen, override={"mrope": taps["mrope"]}, precision="fp16")
+    assert torch.equal(seen["mrope"], taps["mrope"].float().half().float())
     with pytest.raises(ValueError, match="unknown stages"):
         fast.forward.staged(*inputs, override={"rope": taps["mrope"]})
 
@@ -387,13 +390,13 @@ def test_fp16_policy_of_the_hf_variant(long_table_case):
     assert not bad.passed
 
 
-def _fp16_operand_errors(precision: str) -> dict[str, tuple[float, float]]:
+def _fp16_operand_errors(precision: str, tuning=None) -> dict[str, tuple[float, float]]:
     """Per GEMM stage tap: (max abs against the float64 product of fp16-rounded operands,
     max abs against that of the fp32 operands), the operands being the taps that fed it."""
     defn, case = _case("small", 9)
     inputs = _inputs(defn, case, seed=8)
     taps: dict = {}
-    fast.forward.staged(*inputs, taps=taps, precision=precision)
+    fast.variant(precision=precision, tuning=tuning).staged(*inputs, taps=taps)
     half = lambda t: t.to(torch.float16).double()
     wq, bq, wd = inputs[2], inputs[3], inputs[14]
     i = inputs[12].shape[0]
@@ -418,6 +421,72 @@ def test_fp16_policy_converts_the_weights_to_fp16():
     for name, (to_fp16, to_fp32) in _fp16_operand_errors("fp16").items():
         assert to_fp16 < 2e-5 and to_fp32 > 10 * to_fp16, (name, to_fp16, to_fp32)
     assert all(to_fp16 > 10 * to_fp32 for to_fp16, to_fp32 in _fp16_operand_errors("ieee").values())
+
+
+FP16_WEIGHTS = {"fp16_weights": True}
+
+
+def test_fp16_weights_converted_per_call_are_the_rounded_weights():
+    """With the weights converted to fp16 by a pass of their own (the fp16 table's large
+    calls), each GEMM tap is still the product with the weights rounded to nearest fp16."""
+    for name, (to_fp16, to_fp32) in _fp16_operand_errors("fp16", FP16_WEIGHTS).items():
+        assert to_fp16 < 2e-5 and to_fp32 > 10 * to_fp16, (name, to_fp16, to_fp32)
+
+
+@pytest.mark.parametrize("config", ["small", "gqa7"])
+def test_fp16_weights_converted_per_call_pass_the_check(config):
+    """The converted-weights path passes the check on ragged cases (hygiene included: the
+    fp16 copies are made in every call, nothing is kept), and planted bugs through it are
+    rejected."""
+    defn, case = _case(config, 9)
+    inputs = _inputs(defn, case, seed=7)
+    good = run_case(defn, fast.variant(precision="fp16", tuning=FP16_WEIGHTS), case, seed=0, device=CPU,
+                    inputs=inputs, hygiene=config == "small")
+    assert good.passed, good.messages
+    for mutant in ("silu_on_up", "noncausal_attention", "missing_final_residual"):
+        bad = run_case(defn, fast.variant(mutant, precision="fp16", tuning=FP16_WEIGHTS), case, seed=0,
+                       device=CPU, inputs=inputs, hygiene=False)
+        assert not bad.passed and "tolerance" in bad.violations, mutant
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")   # numpy: the planted overflow
+def test_fp16_weights_beyond_range_are_caught_in_their_conversion(small_case):
+    """A weight beyond fp16 range, converted by the weights' own pass, sets the flag there:
+    the call is recomputed under "tf32"; the mutant that keeps the overflow fails."""
+    defn, case, inputs = small_case
+    scaled = list(inputs)
+    scaled[13] = inputs[13] * 2.0 ** 20                          # up weights ~ 1e5
+    converted = fast.variant(precision="fp16", tuning=FP16_WEIGHTS)
+    before = fast.FP16_FALLBACK.count
+    for fn in (converted, converted.staged):
+        assert torch.equal(fn(*scaled)[0], fast.forward(*scaled, precision="tf32")[0])
+    assert fast.FP16_FALLBACK.count == before + 2
+    kept = fast.variant("fp16_overflow_kept", precision="fp16", tuning=FP16_WEIGHTS)
+    assert not torch.isfinite(kept(*scaled)[0]).all()
+
+
+def test_fp16_weights_only_under_the_fp16_policy():
+    with pytest.raises(ValueError, match="fp16_weights"):
+        fast.plan_for(SEED_SHAPE, CUDA, "tf32", tuning=FP16_WEIGHTS)
+
+
+def test_the_fp16_table_converts_the_weights_of_large_calls_only():
+    """GPU plans under "fp16": calls from the table's fp16_weights_from tokens up convert the
+    weights and take that regime's GEMM rows; smaller calls keep the fp32 weights' rows."""
+    table = fast.tables("fp16")
+    start = table.fp16_weights_from
+    assert start is not None
+    for tokens in (128, start - 1, start, 8192):
+        sh = dataclasses.replace(SEED_SHAPE, S=tokens)
+        plan = fast.plan_for(sh, CUDA, "fp16")
+        assert plan.fp16_weights == (tokens >= start), tokens
+        rows = table.gemm_rows("down", plan.fp16_weights)
+        assert plan.down in rows.values() and all((m >= start) == plan.fp16_weights for m in rows)
+        assert not fast.plan_for(sh, CUDA, "tf32").fp16_weights
+    raw = fast.options()["tables"]["fp16"]
+    assert raw["fp16_weights_from"] == start
+    raw.pop("source")
+    assert fast.tables_from_json(raw).fp16_weights_from == start
 
 
 def test_fp16_policy_stores_fp16_activations():

@@ -357,6 +357,7 @@ class CaseBench:
     floor_ms: float | None = None
     bound: str | None = None
     floor_sustained_ms: float | None = None          # the floor at the sustained matmul rate
+    floors_at_ms: dict[str, float] = field(default_factory=dict)  # the cost model's "floors_also_at" dtypes
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
     clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (bench_parts)
@@ -385,8 +386,13 @@ class BenchReport:
         vals = [c.median(impl) for c in self.cases]
         return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
 
-    def floor_mean(self, *, sustained: bool = False) -> float | None:
-        vals = [c.floor_sustained_ms if sustained else c.floor_ms for c in self.cases]
+    def floor_mean(self, *, sustained: bool = False, dtype: str | None = None) -> float | None:
+        """Mean floor over the cases: at the cost model's matmul rate, its sustained rate,
+        or (``dtype``) at the rate of one of the dtypes its ``floors_also_at`` names."""
+        if dtype is not None:
+            vals = [c.floors_at_ms.get(dtype) for c in self.cases]
+        else:
+            vals = [c.floor_sustained_ms if sustained else c.floor_ms for c in self.cases]
         return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
 
     @property
@@ -402,6 +408,13 @@ class BenchReport:
         out: dict[str, Any] = {"suite_mean_ms": means, "floor_mean_ms": floor}
         if floor is not None:
             out["fraction_of_floor"] = {i: (floor / m if m else None) for i, m in means.items()}
+        also = sorted({d for c in self.cases for d in c.floors_at_ms})
+        at = {d: self.floor_mean(dtype=d) for d in also}
+        at = {d: f for d, f in at.items() if f is not None}
+        if at:
+            out["floor_mean_at_ms"] = at
+            out["fraction_of_floor_at"] = {d: {i: (f / m if m else None) for i, m in means.items()}
+                                           for d, f in at.items()}
         sustained = self.floor_mean(sustained=True)
         if sustained is not None:
             out["sustained_floor_mean_ms"] = sustained
@@ -534,6 +547,8 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                 cb.floor_ms = floor * 1e3
                 if ceilings.sustained_matmul_flops_per_s:
                     cb.floor_sustained_ms = floor_seconds(cost, ceilings, sustained=True)[0] * 1e3
+                for dtype in cost.get("floors_also_at", ()):
+                    cb.floors_at_ms[dtype] = floor_seconds(dict(cost, matmul_dtype=dtype), ceilings)[0] * 1e3
         inputs = generate_inputs(defn, case.axes, seed=seed + case.index, mode=mode, device=device)
         if check:
             for name in spec.impls:

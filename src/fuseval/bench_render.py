@@ -172,6 +172,12 @@ def summary_lines(report: BenchReport) -> list[str]:
     if s.get("fraction_of_floor") and report.fast and s["fraction_of_floor"].get(report.fast):
         lines.append(f"{report.fast} reaches {_percent(s['fraction_of_floor'][report.fast])} of the floor "
                      "(floor mean / suite mean)")
+    for dtype, floor in (s.get("floor_mean_at_ms") or {}).items():
+        rate = ((report.ceilings or {}).get("matmul_flops_per_s") or {}).get(dtype)
+        frac = (s["fraction_of_floor_at"].get(dtype) or {}).get(report.fast) if report.fast else None
+        lines.append(f"floor at the {dtype} rate" + (f" ({rate / 1e12:.0f} TFLOP/s)" if rate else "")
+                     + f": {_ms(floor)} ms (suite mean)" + (f"; {report.fast} reaches {_percent(frac)} of it"
+                                                             if frac else ""))
     lines.extend(sustained_lines(report))
     if s.get("speedup_of_fast"):
         lines.append(f"{report.fast} is " + ", ".join(

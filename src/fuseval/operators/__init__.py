@@ -47,7 +47,9 @@ class OperatorSpec:
     * ``inputs``: {mode: hook} for the input modes the operator draws itself
       (``benchmark``, ``realistic``); a hook is ``hook(defn, axes, seed, device=) -> {name: value}``.
       Modes without a hook use the generic rules of :mod:`fuseval.inputs`.
-    * ``cost_model``: ``cost_model(axes) -> {"flops", "bytes", "matmul_dtype", ...}`` for the bench floor.
+    * ``cost_model``: ``cost_model(axes) -> {"flops", "bytes", "matmul_dtype", ...}`` for the bench floor
+      (an optional ``"floors_also_at": [dtype, ...]`` makes the bench report the floor at those
+      matmul rates too).
     * ``bench_impls`` / ``bench_fast``: what ``fuseval bench`` times by default, and which of
       them is the operator's own fast path (``bench_fast`` None: none).
     * ``properties``: a module with the operator's property hooks (see :mod:`fuseval.properties`).

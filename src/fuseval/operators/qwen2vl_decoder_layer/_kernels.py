@@ -116,6 +116,20 @@ def rms_norm_kernel(x_ptr, w_ptr, out_ptr, flag_ptr, M, H, stride_x, stride_out,
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :], _stored(h, out_ptr), mask=mask)
 
 
+# --------------------------------------------------------------------------- fp16 weights
+@triton.jit
+def to_fp16_kernel(src_ptr, dst_ptr, flag_ptr, n, BLOCK: tl.constexpr, WATCH: tl.constexpr):
+    """dst = src rounded to nearest-even fp16, BLOCK elements per program (a flat copy of
+    one weight). The "fp16" policy's large calls convert every GEMM weight once per call
+    with it, so that the GEMMs take fp16 tiles from shared memory straight into the tensor
+    cores (see ``Plan.fp16_weights``). WATCH: a weight beyond fp16 range sets the flag."""
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    w = tl.load(src_ptr + offs, mask=mask, other=0.0)
+    _watch(w, mask, flag_ptr, dst_ptr, WATCH)
+    tl.store(dst_ptr + offs, w.to(tl.float16), mask=mask)
+
+
 # --------------------------------------------------------------------------- GEMM pieces
 @triton.jit
 def _tile_coords(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):

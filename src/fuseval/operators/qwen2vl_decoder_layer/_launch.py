@@ -112,6 +112,20 @@ def launch_swiglu(gu: torch.Tensor, out: torch.Tensor, plan: Plan, mutant: str |
     return out
 
 
+def launch_to_fp16(w: torch.Tensor, flag: torch.Tensor | None = None) -> torch.Tensor:
+    """A new fp16 copy of the contiguous weight ``w`` (round to nearest even); a value
+    beyond fp16 range sets ``flag``."""
+    if not w.is_contiguous():
+        raise ValueError(f"{NAME} (fast): the weight converted to fp16 must be contiguous, got strides {w.stride()}")
+    out = torch.empty(w.shape, device=w.device, dtype=torch.float16)
+    n = w.numel()
+    # the interpreter pays per program: few large blocks there
+    block = 4096 if not interpreting() else min(1 << 16, triton.next_power_of_2(max(n, 1)))
+    flag_ptr, watch = _flag_arg(flag, out)
+    _launch(K.to_fp16_kernel, (triton.cdiv(n, block),), w, out, flag_ptr, n, BLOCK=block, WATCH=watch, num_warps=8)
+    return out
+
+
 # --------------------------------------------------------------------------- QKV and mRoPE
 def _hf_layout(plan: Plan, mutant: str | None) -> bool:
     """The RoPE kernels' HF_LAYOUT flag: the plan's layout, swapped by the mutant."""

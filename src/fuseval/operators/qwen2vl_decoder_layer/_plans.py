@@ -96,6 +96,10 @@ class Tables:
     gemm: Mapping[str, Mapping[int, Any]]
     attention: Mapping[int, AttnConfig]
     source: str = "fuseval"
+    # "fp16" tables: calls of at least this many tokens convert the weights to fp16 once
+    # per call (``Plan.fp16_weights``); their GEMM rows are the sizes >= it, the calls
+    # below take the rows below it. None: never.
+    fp16_weights_from: int | None = None
 
     def __post_init__(self):
         missing = [k for k in _KINDS if not self.gemm.get(k)]
@@ -114,15 +118,17 @@ class Tables:
                 else:
                     out[kind][str(size)] = {"config": asdict(entry)}
         out["attention"] = {str(s): {"config": asdict(c)} for s, c in sorted(self.attention.items())}
+        if self.fp16_weights_from is not None:
+            out["fp16_weights_from"] = self.fp16_weights_from
         return out
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any], source: str = "a JSON table") -> "Tables":
         """The inverse of ``to_json`` (sizes are token counts; for "attention" sequence lengths)."""
-        unknown = set(raw) - set(_KINDS) - {"attention"}
+        unknown = set(raw) - set(_KINDS) - {"attention", "fp16_weights_from"}
         if unknown:
             raise ValueError(f"{NAME} (fast): {source} has unknown kinds {sorted(unknown)}; "
-                             f"expected {list(_KINDS) + ['attention']}")
+                             f"expected {list(_KINDS) + ['attention', 'fp16_weights_from']}")
         gemm: dict[str, dict[int, Any]] = {}
         for kind in _KINDS:
             gemm[kind] = {}
@@ -130,7 +136,21 @@ class Tables:
                 cfg = GemmConfig(**entry["config"])
                 gemm[kind][int(size)] = (int(entry["heads_per_tile"]), cfg) if kind == "qkv" else cfg
         attention = {int(s): AttnConfig(**e["config"]) for s, e in raw.get("attention", {}).items()}
-        return cls(gemm, attention, source)
+        start = raw.get("fp16_weights_from")
+        return cls(gemm, attention, source, None if start is None else int(start))
+
+    def gemm_rows(self, kind: str, fp16_weights: bool) -> Mapping[int, Any]:
+        """The rows of ``kind`` for calls with fp16 weights (sizes >= fp16_weights_from)
+        or with fp32 weights (the sizes below; all of them when fp16_weights_from is None)."""
+        rows = self.gemm[kind]
+        start = self.fp16_weights_from
+        if start is None:
+            return rows
+        chosen = {m: e for m, e in rows.items() if (m >= start) == fp16_weights}
+        if not chosen:
+            raise ValueError(f"{NAME} (fast): {self.source} has no {kind} rows "
+                             f"{'at or above' if fp16_weights else 'below'} fp16_weights_from={start}")
+        return chosen
 
 
 G = GemmConfig
@@ -163,31 +183,41 @@ _TF32_ATTENTION = {128: AttnConfig(64, 32, 4, 2, gluon=True), 373: AttnConfig(64
                    1571: AttnConfig(64, 64, 4, 1, gluon=True), 8192: AttnConfig(64, 64, 4, 1, gluon=True)}
 TF32_TABLES = Tables(_TF32_GEMM, _TF32_ATTENTION, "H200 TF32 table (fuseval)")
 
-# The "fp16" policy: fp16 activation tiles (half the bytes of the TF32 ones), fp32 weight
-# tiles converted in registers, 16-bit wgmma at twice the TF32 rate; no Gluon rows (the
-# Gluon kernels are TF32 only). The residual and gate/up GEMMs take the weights as the
-# tensor cores' register A operand (``weights_as_a``: BM tokens x BN weight rows), measured
-# 1.3x faster than converting them into the B operand (benchmarks/probes/qwen2vl_fp16_gemm.py,
-# H200, 2026-12-01: 2.76 vs 3.57 ms for the gate projection at 8192 tokens, 0.091 vs 0.117
-# at 128); the gate/up tile is 128 x 128 (two accumulators), K steps of 32 so that four
-# stages of an fp32 weight tile pair fit. Attention: the best of
+# The "fp16" policy. From ``fp16_weights_from`` = 512 tokens up, the call first converts
+# every GEMM weight to fp16 (one pass, 1.4 GB of traffic, 0.344-0.348 ms on the H200), and
+# the GEMMs then run fp16 x fp16 tiles from shared memory at 73-88% of the fp16 burst rate;
+# converting inside the GEMMs instead runs them at about the TF32 rate
+# (benchmarks/probes/qwen2vl_fp16_weights.py, H200, 2026-12-01: the GEMMs at 8192 tokens
+# 6.03 ms + 0.35 ms conversion against 11.22 ms; at 512 tokens 0.42 + 0.34 against 0.89 ms).
+# The rows from 512 up are that probe's fastest tiles per size (t: TMA tiles; persistent,
+# with Triton's warp specialization where it won). Below 512 tokens the conversion would
+# cost more than the GEMMs, so those calls convert fp32 weight tiles in registers with the
+# weights as the tensor cores' register A operand (``weights_as_a``, BM tokens x BN weight
+# rows; 1.3x faster than converting them into the B operand, benchmarks/probes/
+# qwen2vl_fp16_gemm.py), split-K for 128 tokens. Attention: the best of
 # benchmarks/probes/qwen2vl_policies.py --explore (8192 tokens: 0.96 ms with 128 x 64 tiles
-# and three K/V stages, against 1.91 ms for the TF32 table's Gluon kernel). QKV keeps
-# the weights in the B operand (its RoPE epilogue pairs columns of a head).
+# and three K/V stages, against 1.91 ms for the TF32 table's Gluon kernel).
 _FP16_GEMM: dict[str, dict[int, Any]] = {
-    "qkv": {128: (1, G(64, 0, 64, 4, 3)), 512: (1, G(64, 0, 64, 4, 3, True)),
-            **{m: (1, G(128, 0, 64, 8, 3, True)) for m in (1024, 2048, 4096, 8192)}},
+    "qkv": {128: (1, G(64, 0, 64, 4, 3)), 512: (2, G(128, 0, 64, 8, 4, True)),
+            **{m: (1, G(128, 0, 64, 8, 4, True)) for m in (1024, 2048, 4096)},
+            8192: (2, G(128, 0, 64, 8, 3, True))},
     "o_proj": {128: G(128, 128, 64, 8, 3, split_k=4, weights_as_a=True),
-               512: G(128, 128, 64, 8, 3, weights_as_a=True),
-               **{m: G(256, 128, 32, 8, 3, GROUP_M=16, weights_as_a=True) for m in (1024, 2048, 4096, 8192)}},
-    "gate_up": {m: G(128, 128, 32, 8, 4, GROUP_M=16, weights_as_a=True) for m in (128, 512, 1024, 8192)},
+               512: G(128, 128, 64, 8, 4, True, True, True), 1024: G(128, 256, 64, 8, 4, True),
+               2048: G(128, 256, 64, 8, 3, True, True, True), 4096: G(128, 256, 64, 8, 3, True, True, True),
+               8192: G(128, 256, 64, 8, 3, True, True)},
+    "gate_up": {128: G(128, 128, 32, 8, 4, GROUP_M=16, weights_as_a=True),
+                512: G(128, 128, 64, 8, 3, True, GROUP_M=16), 1024: G(128, 128, 64, 8, 4, True, GROUP_M=16),
+                2048: G(128, 128, 64, 8, 4, True, GROUP_M=16), 4096: G(128, 128, 64, 8, 3, True, GROUP_M=16),
+                8192: G(128, 128, 64, 8, 3, True, GROUP_M=16)},
     "down": {128: G(128, 128, 64, 8, 3, split_k=4, weights_as_a=True),
-             512: G(128, 128, 64, 8, 3, weights_as_a=True),
-             **{m: G(256, 128, 32, 8, 3, GROUP_M=16, weights_as_a=True) for m in (1024, 2048, 4096, 8192)}},
+             512: G(128, 128, 64, 8, 4, True, True, True), 1024: G(128, 256, 64, 8, 4, True),
+             2048: G(128, 256, 64, 8, 3, True, True), 4096: G(128, 128, 64, 8, 4, True, True, True),
+             8192: G(128, 256, 64, 8, 3, True, True)},
 }
 _FP16_ATTENTION = {128: AttnConfig(64, 64, 4, 2, True), 1024: AttnConfig(128, 64, 8, 3, True),
                    8192: AttnConfig(128, 64, 8, 3, True)}
-FP16_TABLES = Tables(_FP16_GEMM, _FP16_ATTENTION, "H200 fp16 table (fuseval, partly explored)")
+FP16_TABLES = Tables(_FP16_GEMM, _FP16_ATTENTION, "H200 fp16 table (fuseval, partly explored)",
+                     fp16_weights_from=512)
 
 # Policies "tf32x3" and "ieee" need more shared memory per stage (tf32x3 splits operands)
 # or run on CUDA cores (ieee): modest tiles that fit.
@@ -232,6 +262,7 @@ class Plan:
     precision: str
     attention_precision: str
     mrope_layout: str = "sol"
+    fp16_weights: bool = False     # "fp16": every GEMM weight converted to fp16 by one pass per call
 
     @property
     def hf_layout(self) -> bool:
@@ -318,6 +349,8 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32", attention
     else:
         plan = cpu_entries(sh)
     plan.update(tuning or {})
+    if plan.get("fp16_weights") and precision != "fp16":
+        raise ValueError(f"{NAME} (fast): fp16_weights needs precision 'fp16', got {precision!r}")
     plan["qkv_heads_per_tile"] = heads_per_tile(sh, plan["qkv_heads_per_tile"])
     return Plan(precision=precision, attention_precision=attention_precision, mrope_layout=mrope_layout, **plan)
 
@@ -326,11 +359,13 @@ def _gpu_entries(sh: Shape, precision: str, attention_precision: str, tables: Ta
     gemm_tables = tables or IN_FORCE.get(precision)
     attention_tables = tables or IN_FORCE.get(attention_precision)
     M = sh.M
-    hpt, qkv = nearest(gemm_tables.gemm["qkv"], M)
-    plan = dict(qkv=qkv, qkv_heads_per_tile=hpt, o_proj=nearest(gemm_tables.gemm["o_proj"], M),
-                gate_up=nearest(gemm_tables.gemm["gate_up"], M), down=nearest(gemm_tables.gemm["down"], M),
+    start = gemm_tables.fp16_weights_from
+    fp16_weights = precision == "fp16" and start is not None and M >= start
+    row = lambda kind: nearest(gemm_tables.gemm_rows(kind, fp16_weights), M)
+    hpt, qkv = row("qkv")
+    plan = dict(qkv=qkv, qkv_heads_per_tile=hpt, o_proj=row("o_proj"), gate_up=row("gate_up"), down=row("down"),
                 attention=nearest(attention_tables.attention, sh.S), norm_rows=1,
-                norm_warps=8 if sh.H >= 2048 else 4)
+                norm_warps=8 if sh.H >= 2048 else 4, fp16_weights=fp16_weights)
     if precision in ("tf32x3", "ieee"):
         plan.update({k: v for k, v in GPU_SAFE.items() if k != "attention"})
     if attention_precision in ("tf32x3", "ieee"):

@@ -1,11 +1,14 @@
 """Fast path for op A (``qwen2vl_decoder_layer``): float32 in and out, Triton kernels.
 
-The production ``forward`` runs seven kernels (``_kernels.py``, ``_attention.py``,
-``_gluon.py``; launched by ``_launch.py`` with the tiles of ``_plans.py``):
+The production ``forward`` runs seven kernels, after the weights' conversion where the
+plan has one (``_kernels.py``, ``_attention.py``, ``_gluon.py``; launched by ``_launch.py``
+with the tiles of ``_plans.py``):
 
 ==========  ==========================================================================
 kernel      what it fuses
 ==========  ==========================================================================
+to_fp16     "fp16" calls of 512 tokens or more: each GEMM weight converted to fp16
+            (seven launches, one per weight, before the layer's own kernels)
 norm        input RMSNorm: one read of x, one write of h (a whole row per program)
 qkv         h [Wq|Wk|Wv]^T + bias, multimodal RoPE of q and k in the epilogue; writes
             [q'|k'] and v transposed (keys contiguous) for the PV product
@@ -26,26 +29,32 @@ of [M, H] (about 1% of the layer's floor).
 Precision policies (``precision=``; ``attention_precision=`` overrides it for the
 attention kernel alone):
 
-* "tf32" (default): TF32 tensor cores, like torch's TF32 matmuls. A Hopper tensor core
-  reads a fp32 operand as TF32 by dropping its 13 low mantissa bits (truncation): every
-  operand shrinks towards zero and the bias adds up coherently over K (max abs 1.3e-2 on
-  the H200 with both operands truncated, failing the benchmark). So every activation that
+* "fp16" (default): the activations that feed products are produced in fp16 by the
+  previous kernel's epilogue (round to nearest even), the weights are converted to fp16
+  (round to nearest even), fp32 accumulation; flash attention with fp16 q'/k'/v and P
+  and fp32 scores and softmax statistics; residual adds and norms in fp32. Where the
+  weights are converted depends on the call's size (the table's ``fp16_weights_from``,
+  ``Plan.fp16_weights``): from 512 tokens up, one pass at the start of the call writes
+  fp16 copies of the seven GEMM weights (made in every call, freed with it: nothing is
+  kept across calls), so that the GEMMs feed fp16 tiles from shared memory to the tensor
+  cores at 73-88% of the fp16 rate; below, the GEMMs convert fp32 weight tiles in
+  registers, since the pass (0.35 ms on the H200) would cost more than they do.
+  Values beyond fp16's range cannot be stored: the kernels watch for them (a
+  one-element flag, ``_kernels._watch``; the conversion pass watches the weights) and the
+  call is then recomputed under "tf32" (``FP16_FALLBACK``), so an overflow never reaches
+  the output. The flag costs one device-to-host read per call.
+  Measured on the H200 (2026-12-01, benchmarks/results/h200-2026-12-01-fp16/): suite mean
+  3.05 ms against 4.55 ms for "tf32" and 4.22 ms for torch eager fp16, 16/16 cases pass
+  with a max abs error of 2.8-3.7e-3 (torch eager fp16: 3.6-4.6e-3; "tf32": 5.6-6.7e-3).
+  Calls of at most 512 tokens are 2-27% slower than under "tf32".
+* "tf32": TF32 tensor cores, like torch's TF32 matmuls. A Hopper tensor core reads a
+  fp32 operand as TF32 by dropping its 13 low mantissa bits (truncation): every operand
+  shrinks towards zero and the bias adds up coherently over K (max abs 1.3e-2 on the
+  H200 with both operands truncated, failing the benchmark). So every activation that
   feeds a product is stored already rounded to nearest TF32 by the kernel producing it
   (norm outputs, q'/k'/v, attention output, SiLU*up, and P inside attention); the weights
   are inputs and stay truncated by the hardware (``round_b`` tiles round them in the
-  kernel: 1.7-2.2x slower at 8192 tokens, so off).
-* "fp16": the activations that feed products are produced in fp16 by the previous
-  kernel's epilogue (round to nearest even), the fp32 weights are converted to fp16
-  inside the GEMMs (no converted copy is kept across calls), fp32 accumulation; flash
-  attention with fp16 q'/k'/v and P and fp32 scores and softmax statistics; residual adds
-  and norms in fp32. Values beyond fp16's range cannot be stored: the kernels watch for
-  them (a one-element flag, ``_kernels._watch``) and the call is then recomputed under
-  "tf32" (``FP16_FALLBACK``), so an overflow never reaches the output. The flag costs
-  one device-to-host read per fp16 call.
-  Measured on the H200 (2026-12-01, benchmarks/probes/qwen2vl_fp16_policy.md): 16/16
-  cases pass with a max abs error of 2.9-3.8e-3 (torch eager fp16: 3.5-5.0e-3; "tf32":
-  5.6-7.0e-3), but the suite mean is 4.95 ms against 4.72 for "tf32" (the fp16 GEMMs
-  convert the fp32 weights at about the TF32 rate), so "tf32" stays the default.
+  kernel: 1.7-2.2x slower at 8192 tokens, so off). The "fp16" policy's fallback.
 * "tf32x3" (three TF32 products per dot, about fp32 accuracy) and "ieee" (exact fp32
   FMA, slow): the accuracy references.
 
@@ -83,7 +92,7 @@ from ...fast._graphs import GraphCache, tensor_key
 from ...precision import round_tf32
 from . import _plans
 from ._launch import (compile_only, interpreting, launch_attention, launch_gate_up, launch_mrope,
-                      launch_norm, launch_qkv, launch_residual_gemm, launch_swiglu)
+                      launch_norm, launch_qkv, launch_residual_gemm, launch_swiglu, launch_to_fp16)
 from ._plans import (MROPE_LAYOUTS, NAME, PRECISIONS, AttnConfig, GemmConfig, Plan, Shape, Tables,
                      check_choice, plan_for)
 
@@ -91,10 +100,10 @@ __all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_st
            "PRECISIONS", "DEFAULT_PRECISION", "MROPE_LAYOUTS", "STAGES", "options", "with_tables", "tables",
            "tables_from_json", "shape_of", "plan_for", "compile_only", "Shape", "Plan", "GemmConfig",
            "AttnConfig", "Tables", "launch_norm", "launch_qkv", "launch_mrope", "launch_attention",
-           "launch_residual_gemm", "launch_gate_up", "launch_swiglu", "FP16_FALLBACK", "forward_fp16",
-           "forward_tf32", "forward_hf_mrope_fp16", "forward_hf_mrope_tf32"]
+           "launch_residual_gemm", "launch_gate_up", "launch_swiglu", "launch_to_fp16", "FP16_FALLBACK",
+           "forward_fp16", "forward_tf32", "forward_hf_mrope_fp16", "forward_hf_mrope_tf32"]
 
-DEFAULT_PRECISION = "tf32"
+DEFAULT_PRECISION = "fp16"
 
 # Deliberately broken variants (tests): name -> the one bug it plants.
 MUTANTS: dict[str, str] = {
@@ -235,14 +244,18 @@ def _tf32_fallback(plan: Plan, sh: Shape, device: torch.device) -> Plan:
 
 # --------------------------------------------------------------------------- the layer
 # Calls of at most this many tokens are replayed from CUDA graphs (fuseval.fast._graphs):
-# at 128 tokens the host needs about 0.6 ms to issue the launches of 0.4 ms of kernels.
-# Up to 512 tokens a graph's private intermediates take under 60 MB.
-GRAPH_MAX_TOKENS = 512
+# at 128 tokens the host needs about 0.6 ms to issue the launches of 0.4 ms of kernels,
+# and under "fp16" each call ends with the host reading the range flag, so the next
+# call's launches cannot overlap this call's kernels (at 1024 tokens that left 0.5 ms of
+# a 1.8 ms call to the host, H200). Up to 2048 tokens a graph's private memory holds
+# under 0.7 GB (the fp16 weight copies, 0.47 GB, included); the cache keeps 4 graphs.
+GRAPH_MAX_TOKENS = 2048
 GRAPHS = GraphCache(capacity=4)
 
 
 def _run(inputs: Sequence[Any], **opts) -> tuple[torch.Tensor]:
-    """The fused production pipeline (7 launches; small calls replayed from a CUDA graph)."""
+    """The fused production pipeline (7 launches, and 7 weight conversions under
+    ``plan.fp16_weights``; calls of up to GRAPH_MAX_TOKENS replayed from a CUDA graph)."""
     sh, t, eps = _prepare(inputs)
     dev = t[0].device
     plan = _plan(sh, dev, opts)
@@ -276,6 +289,7 @@ def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, 
     M, H = sh.M, sh.H
     x2 = x.view(M, H)
     flag = _new_flag(plan, dev)
+    wq, wk, wv, wo, wg, wu, wd = _gemm_weights(plan, (wq, wk, wv, wo, wg, wu, wd), flag)
     act = functools.partial(torch.empty, device=dev, dtype=plan.act_dtype)
     new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
 
@@ -295,6 +309,14 @@ def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, 
                                plan.down, precision, flag)
     out = out.view(sh.B, sh.S, H)
     return (out,) if flag is None else (out, flag)
+
+
+def _gemm_weights(plan: Plan, weights: Sequence[torch.Tensor], flag: torch.Tensor | None) -> tuple:
+    """The GEMM weights as the plan's kernels read them: fp16 copies made in this call
+    (``plan.fp16_weights``; nothing outlives the call), else the fp32 inputs."""
+    if not plan.fp16_weights:
+        return tuple(weights)
+    return tuple(launch_to_fp16(w, flag) for w in weights)
 
 
 def _run_staged(inputs: Sequence[Any], *, taps: MutableMapping[str, torch.Tensor] | None = None,
@@ -328,6 +350,8 @@ def _staged_layer(sh: Shape, t, eps: float, plan: Plan, mutant: str | None, taps
     M, H, B, S, QD, KD, I = sh.M, sh.H, sh.B, sh.S, sh.QD, sh.KD, sh.I
     precision = plan.precision
     x2 = x.view(M, H)
+    wq, wk, wv, wo, wg, wu, wd = _gemm_weights(plan, (wq, wk, wv, wo, wg, wu, wd), flag)
+    t = (x, w_in, wq, bq, wk, bk, wv, bv, wo, cos, sin, w_post, wg, wu, wd)
 
     def new(cols: int, dtype=torch.float32) -> torch.Tensor:
         return torch.empty(M, cols, device=dev, dtype=dtype)

@@ -327,7 +327,8 @@ def cost_model(axes: Mapping[str, int]) -> dict[str, Any]:
     (QKV, O, gate+up, down, and attention's QK^T and PV with the causal mask counted as
     half of the square); element-wise work is negligible next to them. Bytes: every input
     read once and the output written once, in float32. ``matmul_dtype``: the tensor-core
-    rate the floor should use (TF32: the inputs are float32)."""
+    rate the floor should use (TF32: the inputs are float32); ``floors_also_at``: rates the
+    bench also reports a floor at (fp16: the fast path's default policy)."""
     a = dict(load(NAME).const_axes)
     a.update({k: int(v) for k, v in axes.items()})
     b, s, h = a["batch_size"], a["seq_len"], a["hidden_size"]
@@ -341,4 +342,4 @@ def cost_model(axes: Mapping[str, int]) -> dict[str, Any]:
                 + h * qd                        # o_proj
                 + 2 * 3 * b * s * d             # rope_cos, rope_sin
                 + 3 * i * h)                    # gate, up, down
-    return dict(flops=int(gemm + attention), bytes=int(4 * elements), matmul_dtype="tf32")
+    return dict(flops=int(gemm + attention), bytes=int(4 * elements), matmul_dtype="tf32", floors_also_at=["fp16"])
