@@ -9,9 +9,12 @@ rounding, online softmax), so on the small configurations this re-patching is ab
 an interpreted call.
 
 :func:`install` makes a helper call skip the re-patch when every language module its
-globals see is one the enclosing launch patched; otherwise (a helper seen outside a
-launch, or one whose globals hold a language module the launch's kernel does not) it
-patches as before. The kernels' outputs are bit for bit the same
+globals see is one the enclosing launch, or an earlier helper call within it, patched
+(Triton's own helpers in ``triton.language.standard``, such as ``tl.sum``, also see
+``triton.language.core``, which a kernel's globals usually do not hold); otherwise (a
+helper seen outside a launch, or the first to bring a language module in) it patches as
+before. A helper's patches are never restored by Triton, so within the launch they
+stand, and patching again would set the same attributes to equivalent values. The kernels' outputs are bit for bit the same
 (``tests/test_interpreter_patch.py``). It applies to the Triton version it was written
 against (3.6.x) and only under ``TRITON_INTERPRET=1``; ``FUSEVAL_PLAIN_INTERPRETER=1``
 leaves Triton untouched.
@@ -62,8 +65,12 @@ def install() -> bool:
 
     def helper_call(self, *args, **kwargs):
         patched = getattr(_STATE, "patched", None)
-        if patched is None or not _language_modules(self.fn, tl) <= patched:
+        mods = _language_modules(self.fn, tl)
+        if patched is None or not mods <= patched:
             interp._patch_lang(self.fn)
+            if patched is not None:
+                # a helper's patches are never restored: they hold for the rest of the launch
+                _STATE.patched = patched | mods
         fn = self.rewrite()
         try:
             return fn(*args, **kwargs)
