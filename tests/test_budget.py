@@ -409,10 +409,10 @@ def test_prefetched_inputs_give_the_same_report():
             assert sa.local == sb.local and sa.propagated == sb.propagated
 
 
-@pytest.mark.parametrize("bisect", [False, True], ids=["kthvalue", "bisection"])
+@pytest.mark.parametrize("bisect", [False, True], ids=["kthvalue", "radix_select"])
 def test_kth_smallest_is_exact_with_zeros_and_infinities(bisect):
-    """The k-th smallest tolerance ratio, by torch.kthvalue or by bisection on the bits
-    (the path for large CUDA tensors): the same value as a full sort, at every rank."""
+    """The k-th smallest tolerance ratio, by torch.kthvalue or by a radix select on the
+    bits (the path for large CUDA tensors): the same value as a full sort, at every rank."""
     from fuseval.budget.metrics import kth_smallest
     gen = torch.Generator().manual_seed(3)
     x = torch.rand(5000, generator=gen, dtype=torch.float64) * 7

@@ -85,7 +85,7 @@ def _quantiles(x: torch.Tensor, qs: Sequence[float]) -> list[float]:
         step = -(-flat.numel() // _QUANTILE_SAMPLE)
         flat = flat[::step]
     q = torch.quantile(flat, torch.tensor(list(qs), dtype=flat.dtype, device=flat.device))
-    return [float(v) for v in q]
+    return q.tolist()
 
 
 def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
@@ -102,17 +102,22 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
     r_fin = torch.isfinite(r)
     both = torch.isfinite(v) & r_fin
     same_nonfinite = ~torch.isfinite(v) & ~r_fin & ((v == r) | (torch.isnan(v) & torch.isnan(r)))
-    nonfinite = int((~both & ~same_nonfinite).sum())
+    bad = (~both & ~same_nonfinite).sum()
     diff = (v - r).abs()
     del v
     d = diff[both]
     rb = r[both].abs()
     del diff
-    max_abs = float(d.max()) if d.numel() else 0.0
-    scale = float(rb.max()) if rb.numel() else 0.0
-    ref_norm = float(torch.linalg.vector_norm(rb)) if rb.numel() else 0.0
-    err_norm = float(torch.linalg.vector_norm(d)) if d.numel() else 0.0
     e_ulp = d / ulp(rb, precision)
+    # every scalar read in one device-to-host copy (each read is a sync on CUDA)
+    zero = torch.zeros((), dtype=torch.float64, device=d.device)
+    if d.numel():
+        scalars = [d.max(), rb.max(), torch.linalg.vector_norm(rb), torch.linalg.vector_norm(d), e_ulp.max()]
+    else:
+        scalars = [zero] * 5
+    values = torch.stack([t.to(torch.float64) for t in scalars] + [bad.to(device=d.device, dtype=torch.float64)])
+    max_abs, scale, ref_norm, err_norm, ulp_max, nonfinite = values.tolist()
+    nonfinite = int(nonfinite)
     del rb
     med, p99 = _quantiles(e_ulp, (0.5, 0.99))
     out: dict[str, Any] = {
@@ -120,7 +125,7 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
         "rel_l2": math.inf if nonfinite else (err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)),
         "ulp_median": med,
         "ulp_p99": p99,
-        "ulp_max": math.inf if nonfinite else (float(e_ulp.max()) if e_ulp.numel() else 0.0),
+        "ulp_max": math.inf if nonfinite else ulp_max,
         "max_abs_ulp": math.inf if nonfinite else max_abs / ulp(scale, precision),
         "scale": scale,
         "nonfinite": nonfinite,
@@ -159,21 +164,25 @@ def kth_smallest(x: torch.Tensor, k: int, *, bisect: bool | None = None) -> floa
 
     On CUDA ``torch.kthvalue`` selects within one slice on one thread block, which takes
     seconds for the 10^8 elements of a full-size output; there, above a million elements
-    (or with ``bisect=True``), the answer is found by bisection on the bit patterns
-    (non-negative doubles order as their int64 bits): at most 63 counting passes, exact."""
+    (or with ``bisect=True``), the answer is found by a radix select on the bit patterns
+    (non-negative doubles order as their int64 bits): four passes, each counting the
+    candidates by their next 16 bits and keeping the bucket that holds the k-th; exact."""
     if bisect is None:
         bisect = x.device.type == "cuda" and x.numel() > 1 << 20
     if not bisect:
         return float(x.kthvalue(k).values)
-    bits = x.view(torch.int64)
-    lo, hi = 0, int(bits.max())              # the answer's bits lie in [lo, hi]
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if int((bits <= mid).sum()) >= k:
-            hi = mid
-        else:
-            lo = mid + 1
-    return float(torch.tensor(lo, dtype=torch.int64).view(torch.float64))
+    bits = x.reshape(-1).view(torch.int64)
+    prefix = 0                                   # the answer's bits above ``shift + 16``
+    for shift in (48, 32, 16, 0):
+        if shift != 48:
+            bits = bits[(bits >> (shift + 16)) == prefix]
+        cum = torch.bincount((bits >> shift) & 0xFFFF, minlength=1 << 16).cumsum(0)
+        digit = torch.searchsorted(cum, torch.tensor([k], device=cum.device, dtype=cum.dtype))
+        below = torch.where(digit > 0, cum[(digit - 1).clamp_min(0)], torch.zeros_like(digit))
+        d, b = torch.cat([digit, below]).tolist()          # one sync per pass
+        prefix = (prefix << 16) | d
+        k -= b
+    return float(torch.tensor(prefix, dtype=torch.int64).view(torch.float64))
 
 
 def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor], names: Sequence[str],

@@ -530,10 +530,14 @@ def _check_recipe(defn: Definition, recipe: Recipe) -> None:
 
 def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int,
                        recipe: Recipe, device: str | torch.device = "cpu") -> list[Any]:
-    """Benchmark inputs reshaped by ``recipe`` (see the module docstring)."""
+    """Benchmark inputs reshaped by ``recipe`` (see the module docstring). The benchmark
+    draw is made on ``device`` (as ``generate_inputs`` draws: a full-size draw on the CPU
+    takes seconds), the recipe's features on the CPU from their own generators."""
     hooks = hooks_of(defn.name)
     _check_recipe(defn, recipe)
-    values = dict(zip(defn.input_names, generate_inputs(defn, var_axes, seed=seed, mode="benchmark")))
+    drawn = generate_inputs(defn, var_axes, seed=seed, mode="benchmark", device=device)
+    values = {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in zip(defn.input_names, drawn)}
+    del drawn
     # one generator per feature: switching one feature on or off (as shrinking does) leaves
     # the values of the others unchanged
     activation = _activation(defn, hooks)
