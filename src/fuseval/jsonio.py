@@ -20,9 +20,22 @@ def _float(x: float, digits: int | None) -> float | str:
     return x if digits is None else float(f"{x:.{digits}g}")
 
 
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def jsonable(obj: Any, digits: int | None = None) -> Any:
     """``obj`` made JSON-safe; ``digits``: round floats to that many significant digits
     (small, stable diffs for files kept in git, e.g. baselines)."""
+    # the exact built-in types first: a gate report holds hundreds of thousands of them
+    t = type(obj)
+    if t is float:
+        return _float(obj, digits)
+    if t in _PLAIN:
+        return obj
+    if t is dict:
+        return {str(k): jsonable(v, digits) for k, v in obj.items()}
+    if t is list or t is tuple:
+        return [jsonable(v, digits) for v in obj]
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return jsonable({f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}, digits)
     if isinstance(obj, dict):
