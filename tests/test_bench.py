@@ -190,7 +190,7 @@ def test_report_shows_the_floor_at_the_rates_the_cost_model_adds(tmp_path):
     from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model
     cost = cost_model(load("qwen2vl_decoder_layer").resolve_axes({"seq_len": 128, "kv_seq_len": 128,
                                                                   "batch_size": 1}))
-    assert cost["floors_also_at"] == ["fp16"]
+    assert cost["floors_also_at"] == ["tf32"]
 
 
 def test_bench_json_records_the_fast_options_and_the_terminal_shows_them(tmp_path):

@@ -630,7 +630,7 @@ def test_cost_model_counts_inputs_outputs_and_products():
                       if spec.name.endswith("proj_weight"))
         causal = 4 * b * axes["num_heads"] * s * s * axes["head_dim"] / 2
         assert cost["flops"] == 2 * b * s * weights + causal
-        assert cost["matmul_dtype"] == "tf32"
+        assert cost["matmul_dtype"] == "fp16" and cost["floors_also_at"] == ["tf32"]
 
 
 # --------------------------------------------------------------------------- GPU
