@@ -46,7 +46,7 @@ attention kernel alone):
   Measured on the H200 (2026-12-01, benchmarks/results/h200-2026-12-01-fp16/): suite mean
   3.05 ms against 4.55 ms for "tf32" and 4.22 ms for torch eager fp16, 16/16 cases pass
   with a max abs error of 2.8-3.7e-3 (torch eager fp16: 3.6-4.6e-3; "tf32": 5.6-6.7e-3).
-  Calls of at most 512 tokens are 2-27% slower than under "tf32".
+  Calls of at most 512 tokens are 5-43% slower than under "tf32" (two runs).
 * "tf32": TF32 tensor cores, like torch's TF32 matmuls. A Hopper tensor core reads a
   fp32 operand as TF32 by dropping its 13 low mantissa bits (truncation): every operand
   shrinks towards zero and the bias adds up coherently over K (max abs 1.3e-2 on the
