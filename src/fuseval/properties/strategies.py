@@ -139,14 +139,6 @@ def _var(defn: Definition, hooks: PropertyHooks, values: Mapping[str, int],
     return out
 
 
-def _valid(binding: Binding) -> bool:
-    try:
-        binding.definition().resolve_axes(binding.axes)
-    except ValueError:
-        return False
-    return True
-
-
 def _input_elements(defn: Definition, axes: Mapping[str, int]) -> int:
     """Elements of all tensor inputs for a full axis binding."""
     return sum(math.prod(defn.shape_of(spec, axes)) for spec in defn.inputs if not spec.is_scalar)
@@ -162,6 +154,7 @@ def _fits(binding: Binding, limit: int | None) -> bool:
 
 
 def _valid(binding: Binding) -> bool:
+    """Within the definition's constraints."""
     return _fits(binding, None)
 
 
