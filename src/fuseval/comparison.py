@@ -69,12 +69,13 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     if rules == "sol":
         return _compare_sol(out, ref, tol, name)
     o, r, both, same_nonfinite, diff = _float_elements(out, ref)
-    o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
-    # a finite output where the oracle is NaN/Inf (e.g. a NaN scale code decoded as some
-    # number) silently repairs a value the format defines as poisoned: also a failure
-    bad_nonfinite = int(((~o_fin) & ~same_nonfinite).sum()) + int(((~r_fin) & o_fin).sum())
+    # every element not finite on both sides and not the same NaN/Inf on both fails: a
+    # non-finite output the oracle does not have, and also a finite output where the oracle
+    # is NaN/Inf (e.g. a NaN scale code decoded as some number silently repairs a value the
+    # format defines as poisoned)
+    bad_nonfinite = int((~both & ~same_nonfinite).sum())
     ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
-    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & r_fin).any())
+    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & torch.isfinite(r)).any())
     return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
 
 
