@@ -409,8 +409,8 @@ def test_prefetched_inputs_give_the_same_report():
             assert sa.local == sb.local and sa.propagated == sb.propagated
 
 
-@pytest.mark.parametrize("bisect", [False, True], ids=["kthvalue", "radix_select"])
-def test_kth_smallest_is_exact_with_zeros_and_infinities(bisect):
+@pytest.mark.parametrize("radix", [False, True], ids=["kthvalue", "radix_select"])
+def test_kth_smallest_is_exact_with_zeros_and_infinities(radix):
     """The k-th smallest tolerance ratio, by torch.kthvalue or by a radix select on the
     bits (the path for large CUDA tensors): the same value as a full sort, at every rank."""
     from fuseval.budget.metrics import kth_smallest
@@ -421,7 +421,7 @@ def test_kth_smallest_is_exact_with_zeros_and_infinities(bisect):
     x[5:40] = 1.25                                       # ties
     ordered = x.sort().values
     for k in (1, 2, 38, 2500, 4444, 4999, 5000):
-        assert kth_smallest(x, k, bisect=bisect) == float(ordered[k - 1]), k
+        assert kth_smallest(x, k, radix=radix) == float(ordered[k - 1]), k
 
 
 def test_tolerance_used_is_infinite_when_a_required_element_is_not_finite():

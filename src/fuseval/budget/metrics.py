@@ -115,12 +115,11 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
     del diff
     e_ulp = d / ulp(rb, precision)
     # every scalar read in one device-to-host copy (each read is a sync on CUDA)
-    zero = torch.zeros((), dtype=torch.float64, device=d.device)
     if d.numel():
         scalars = [d.max(), rb.max(), torch.linalg.vector_norm(rb), torch.linalg.vector_norm(d), e_ulp.max()]
     else:
-        scalars = [zero] * 5
-    values = torch.stack([t.to(torch.float64) for t in scalars] + [bad.to(device=d.device, dtype=torch.float64)])
+        scalars = [d.new_zeros(())] * 5
+    values = torch.stack([t.to(torch.float64) for t in scalars + [bad]])
     max_abs, scale, ref_norm, err_norm, ulp_max, nonfinite = values.tolist()
     nonfinite = int(nonfinite)
     del rb
@@ -164,17 +163,17 @@ def tolerance_use(out: torch.Tensor, ref: torch.Tensor, tol) -> float:
     return kth_smallest(ratio.flatten(), k)
 
 
-def kth_smallest(x: torch.Tensor, k: int, *, bisect: bool | None = None) -> float:
+def kth_smallest(x: torch.Tensor, k: int, *, radix: bool | None = None) -> float:
     """The k-th smallest (1-based) of a flat float64 tensor of values >= 0 (inf allowed).
 
     On CUDA ``torch.kthvalue`` selects within one slice on one thread block, which takes
     seconds for the 10^8 elements of a full-size output; there, above a million elements
-    (or with ``bisect=True``), the answer is found by a radix select on the bit patterns
+    (or with ``radix=True``), the answer is found by a radix select on the bit patterns
     (non-negative doubles order as their int64 bits): four passes, each counting the
     candidates by their next 16 bits and keeping the bucket that holds the k-th; exact."""
-    if bisect is None:
-        bisect = x.device.type == "cuda" and x.numel() > 1 << 20
-    if not bisect:
+    if radix is None:
+        radix = x.device.type == "cuda" and x.numel() > 1 << 20
+    if not radix:
         return float(x.kthvalue(k).values)
     bits = x.reshape(-1).view(torch.int64)
     prefix = 0                                   # the answer's bits above ``shift + 16``
