@@ -269,9 +269,12 @@ class _CaseRunner:
         calls = partial_calls(self.defn, case, seed, inputs, mode, self.device)
         violations: list[str] = []
         found: list[str] = []
+        # the budget makes these calls only when the first answer passed the tolerance
+        # (judge), with no deadline and no output-shape rule of its own
         judge_partial_calls(self.defn, Local(self.forward, self.device), calls, produced, self.oracle,
-                            self.tolerance, "fuseval", True, False, None, None, lambda outputs: [],
-                            violations, found)
+                            self.tolerance, rules="fuseval", judge=True, all_zero=False, deadline=None,
+                            expected=None, check_shapes=lambda outputs: [], violations=violations,
+                            messages=found)
         kinds = ", ".join(dict.fromkeys(violations))
         messages.extend(f"{kinds}: {m}" for m in found)
         return bool(violations)
