@@ -412,16 +412,12 @@ def test_bad_jobs_is_a_usage_error(jobs):
         run_gate(OP, "torch", jobs=jobs, **FAST)
 
 
-_WEIGHTS_CACHE = '''
-import torch
-from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
-_cache = {}
-def impl(*a):
-    key = tuple(float(t.double().sum()) if isinstance(t, torch.Tensor) else t for t in a[3:])
-    if key not in _cache:
-        _cache[key] = tuple(o.clone() for o in torch_eager(*a))
-    return tuple(o.clone() for o in _cache[key])
-'''
+def _weights_cache_module() -> str:
+    """The source of test_hostile's implementation that caches its answer under the
+    weights only (correct once, then stale when only the activations change)."""
+    import textwrap
+    from test_hostile import COMMON, HOSTILE
+    return textwrap.dedent(COMMON) + textwrap.dedent(HOSTILE["hostile_weights_cache"][0])
 
 
 def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_path, monkeypatch):
@@ -429,7 +425,7 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
     partial-cache calls (they would repeat the check's), and a result cached on the
     weights is still caught, by the check; a gate of the budget alone makes them itself."""
     from fuseval import budget as budget_pkg
-    (tmp_path / "gate_cache_mod.py").write_text(_WEIGHTS_CACHE)
+    (tmp_path / "gate_cache_mod.py").write_text(_weights_cache_module())
     monkeypatch.syspath_prepend(str(tmp_path))
     calls = []
     real = budget_pkg.run_budget
