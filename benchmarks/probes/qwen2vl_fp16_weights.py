@@ -93,7 +93,7 @@ def main():
             jobs += B.plan_jobs(1, M, "fp16", None, seen) + B.plan_jobs(1, M, "tf32", None, seen)
         B.precompile(jobs, args.workers, deadline_s=240)
     W = B.make_weights(B.DEVICE)
-    results = {"sizes": sizes, "gemm": {}, "convert": {}, "layer": {}}
+    results = {"sizes": sizes, "gemm": {}, "gemm_sums": {}, "convert": {}, "layer": {}}
     best: dict[str, dict[int, tuple]] = {k: {} for k in GEMMS}
     lines = []
     for M in sizes:
@@ -127,6 +127,7 @@ def main():
         results["gemm"][M] = row
         sum_fp16w = conv + sum(row[k]["times"][row[k]["best"]] for k in GEMMS)
         sum_fp32w = sum(row[k]["times"]["fp32w"] for k in GEMMS)
+        results["gemm_sums"][M] = dict(fp16_weights_with_pass=sum_fp16w, fp32_weights=sum_fp32w)
         lines.append(f"{M:5d} tokens: convert {conv:.3f} ms (floor {results['convert'][M]['floor_ms']:.3f}); GEMMs "
                      f"fp16 weights + convert {sum_fp16w:.3f} ms vs fp32 weights {sum_fp32w:.3f} ms; best "
                      + ", ".join(f"{k}={row[k]['best']}" for k in GEMMS))
@@ -134,9 +135,8 @@ def main():
     # the explored table: fp32-weight rows of the table in force below the smallest size
     # where converting won, the best fp16-weight rows from there
     base = F.tables("fp16")
-    wins = [M for M in sizes if results["convert"][M]["ms"] + sum(
-        results["gemm"][M][k]["times"][results["gemm"][M][k]["best"]] for k in GEMMS)
-        < sum(results["gemm"][M][k]["times"]["fp32w"] for k in GEMMS)]
+    sums = results["gemm_sums"]
+    wins = [M for M in sizes if sums[M]["fp16_weights_with_pass"] < sums[M]["fp32_weights"]]
     start = min(wins) if wins else None
     gemm = {}
     for kind in GEMMS:
