@@ -251,6 +251,22 @@ def kernel_calls(W, act, plan, precision="tf32"):
     }
 
 
+def time_kernel(W, act, plan, kind, precision="tf32", label="", rep=20):
+    """Median ms of one launch of ``kind`` under ``plan``, after one pass of the pipeline's
+    kernels (so every buffer it reads holds real values; the weights' conversion is left
+    out: the other calls read their own fp16 copies); NaN, with a line printed, when the
+    variant fails (a failing variant is a result)."""
+    try:
+        calls = kernel_calls(W, act, plan, precision)
+        for k, fn in calls.items():
+            if k != "convert":
+                fn()
+        return bench(calls[kind], rep=rep)
+    except Exception as exc:  # noqa: BLE001 - a failing variant is a result
+        print(f"  {label} {kind}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
+        return float("nan")
+
+
 def compile_key(kind, plan):
     """What decides the compiled kernel of ``kind`` (o_proj and down share one kernel)."""
     if kind in ("norm", "convert"):

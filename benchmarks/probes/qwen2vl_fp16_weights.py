@@ -108,16 +108,7 @@ def main():
             times = {}
             for name, cfg in [("fp32w", fp32_weight_row(F, kind, M))] + list(variants.items()):
                 plan = F.plan_for(sh, dev, "fp16", tuning=tuning(kind, cfg, name != "fp32w"))
-                try:
-                    calls = B.kernel_calls(W, act, plan, "fp16")
-                    for k, fn in calls.items():          # real values in every buffer
-                        if k != "convert":
-                            fn()
-                    times[name] = B.bench(calls[kind], rep=20)
-                except Exception as exc:  # noqa: BLE001 - a failing variant is a result
-                    times[name] = float("nan")
-                    print(f"  {M} {kind} {name}: {type(exc).__name__}: {str(exc)[:160]}", flush=True)
-                calls = None
+                times[name] = B.time_kernel(W, act, plan, kind, "fp16", label=f"{M} {name}")
             ok = {k: v for k, v in times.items() if v == v and k != "fp32w"}
             name = min(ok, key=ok.get)
             best[kind][M] = (name, variants[name])

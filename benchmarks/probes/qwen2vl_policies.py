@@ -82,15 +82,7 @@ def explore_size(F, W, b, s, results):
         for name, cfg in [("table", None)] + list(variants.items()):
             plan = base if cfg is None else F.plan_for(sh, torch.device(B.DEVICE), "fp16",
                                                        tuning=B.tuning_for(kind, cfg))
-            try:
-                calls = B.kernel_calls(W, act, plan, "fp16")
-                for fn in calls.values():                 # real values in every buffer
-                    fn()
-                row[name] = B.bench(calls[kind], rep=20)
-            except Exception as exc:  # noqa: BLE001 - a failing variant is a result
-                row[name] = float("nan")
-                print(f"  explore {kind} {name}: {type(exc).__name__}: {str(exc)[:150]}", flush=True)
-            calls = None
+            row[name] = B.time_kernel(W, act, plan, kind, "fp16", label=f"explore {name}")
         out[kind] = row
         ok = {k: v for k, v in row.items() if v == v}
         best = min(ok, key=ok.get) if ok else "none"
