@@ -802,3 +802,90 @@ def test_gluon_attention_check_catches_shifted_keys():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("the Gluon kernel targets sm_90")
     assert _attention_errors(GLUON_ATTENTION[0], shift_keys=True) > 1e-1
+
+
+# --------------------------------------------------------------------------- conversion beside the kernels (GPU)
+OVERLAP = {"overlap_conversion": True}
+
+
+def test_overlapped_conversion_only_where_weights_are_converted():
+    """The plan overlaps the conversion only in calls that convert weights: "fp16" from the
+    table's fp16_weights_from tokens up; the interpreter's plans never."""
+    start = fast.tables("fp16").fp16_weights_from
+    for tokens in (start - 1, start, 4 * start):
+        sh = dataclasses.replace(SEED_SHAPE, S=tokens)
+        plan = fast.plan_for(sh, CUDA, "fp16", tuning=OVERLAP)
+        assert plan.overlap_conversion == plan.fp16_weights == (tokens >= start), tokens
+        assert not fast.plan_for(sh, CUDA, "tf32", tuning=OVERLAP).overlap_conversion
+        assert not fast.plan_for(sh, CUDA, "fp16", tuning=OVERLAP, compiled=False).overlap_conversion
+
+
+def _overlap_outputs(weights_scale: float = 1.0, delay_side: bool = False, calls: int = 3):
+    """Op A at 1024 tokens (case 11, converted weights, CUDA graphs): (the serial call's
+    output, the outputs of ``calls`` calls with the conversion overlapped), on inputs whose
+    o_proj and MLP weights are scaled by ``weights_scale``. ``delay_side``:
+    the second stream first sleeps about 20 ms, so a layer that did not wait for it would
+    read its copies before they are written."""
+    defn, case = _case("seed", 11)
+    dev = torch.device("cuda", torch.cuda.current_device())     # the index the layer keys its stream by
+    inputs = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in _inputs(defn, case, seed=11)]
+    scaled = list(inputs)
+    for i in (8, 12, 13, 14):                          # o_proj, gate, up, down weights
+        scaled[i] = inputs[i] * weights_scale
+    expected = fast.variant(precision="fp16")(*scaled)[0].clone()
+    # the serial call on the unscaled weights last: memory the allocator hands out again
+    # then holds their copies, never those of the scaled weights
+    fast.variant(precision="fp16")(*inputs)
+    overlapped = fast.variant(precision="fp16", tuning=OVERLAP)
+    outs = []
+    for _ in range(calls):
+        if delay_side:
+            fast._CONVERSION_STREAMS.setdefault(dev.index, torch.cuda.Stream(dev))
+            with torch.cuda.stream(fast._CONVERSION_STREAMS[dev.index]):
+                torch.cuda._sleep(40_000_000)
+        outs.append(overlapped(*scaled)[0])
+    torch.cuda.synchronize()
+    return expected, outs
+
+
+@gpu
+@pytest.mark.gpu
+def test_overlapped_conversion_is_the_serial_computation_on_the_gpu():
+    """Eager, captured and replayed calls with the conversion on a second stream give the
+    serial call's outputs bit for bit, also when that stream starts late."""
+    expected, outs = _overlap_outputs(delay_side=True)
+    assert all(torch.equal(o, expected) for o in outs)
+
+
+@gpu
+@pytest.mark.gpu
+def test_overlapped_conversion_without_the_wait_is_caught(monkeypatch):
+    """Mutant: the layer does not wait for the second stream; with that stream late, the
+    o_proj and MLP GEMMs read copies not yet written (of an earlier call's weights)."""
+    monkeypatch.setattr(fast, "_await_conversion", lambda event, dev: None)
+    expected, outs = _overlap_outputs(weights_scale=0.5, delay_side=True, calls=1)
+    assert not torch.equal(outs[0], expected)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_overlapped_conversion_flags_weights_beyond_range_on_the_gpu():
+    """A down weight beyond fp16 range, converted on the second stream, still sets the flag:
+    the call is recomputed under "tf32"."""
+    defn, case = _case("seed", 11)
+    dev = torch.device("cuda")
+    inputs = [t.to(dev) if isinstance(t, torch.Tensor) else t for t in _inputs(defn, case, seed=12)]
+    inputs[14] = inputs[14] * 2.0 ** 20
+    before = fast.FP16_FALLBACK.count
+    out = fast.variant(precision="fp16", tuning=OVERLAP)(*inputs)[0]
+    assert fast.FP16_FALLBACK.count == before + 1
+    assert torch.equal(out, fast.forward(*inputs, precision="tf32")[0])
+
+
+@gpu
+@pytest.mark.gpu
+def test_overlapped_conversion_passes_the_check_on_the_gpu():
+    defn, case = _case("seed", 11)
+    result = run_case(defn, fast.variant(precision="fp16", tuning=OVERLAP), case, seed=5, device=torch.device("cuda"))
+    assert result.passed, result.messages
