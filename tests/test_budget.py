@@ -352,6 +352,24 @@ def test_html_is_self_contained_with_plots(fp32_reports, tmp_path):
     assert "http://" not in page and "https://" not in page and "<script" not in page
 
 
+def test_html_histograms_label_the_first_panel_with_curves(fp32_reports):
+    """A first stage without error histograms (every element exact) leaves its panel
+    empty: the legend goes to the first panel that has curves, with no matplotlib warning."""
+    import warnings
+    from fuseval.budget import html as budget_html
+    d = json.loads(fp32_reports[OP_B].to_json())
+    first = d["stages"][0]
+    for c in d["cases"]:
+        for s in c["stages"]:
+            if s["stage"] == first:
+                for kind in ("local", "propagated"):
+                    if s.get(kind):
+                        s[kind]["hist"] = [0] * len(s[kind]["hist"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert budget_html._histograms(d).startswith("data:image/png;base64,")
+
+
 def test_dataframe_has_a_row_per_case_stage_and_kind(fp32_reports):
     df = fp32_reports[OP_B].to_dataframe()
     local = df[(df.kind == "local")]

@@ -116,6 +116,7 @@ def _histograms(d: dict) -> str | None:
     cols = min(5, len(names))
     rows = -(-len(names) // cols)
     fig = _figure(3.0 * cols, 2.2 * rows)
+    legend_drawn = False
     for i, name in enumerate(names):
         ax = fig.add_subplot(rows, cols, i + 1)
         for kind in ("local", "propagated"):
@@ -125,8 +126,9 @@ def _histograms(d: dict) -> str | None:
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
         ax.set_xlabel("log10 |err|", fontsize=7)
-        if i == 0:
+        if not legend_drawn and ax.get_legend_handles_labels()[0]:   # the first panel with a curve
             ax.legend(fontsize=7)
+            legend_drawn = True
     fig.tight_layout()
     return _png(fig)
 
