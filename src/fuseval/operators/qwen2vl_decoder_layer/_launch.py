@@ -112,16 +112,12 @@ def launch_swiglu(gu: torch.Tensor, out: torch.Tensor, plan: Plan, mutant: str |
     return out
 
 
-def launch_to_fp16(w: torch.Tensor, flag: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-    """An fp16 copy of the contiguous weight ``w`` (round to nearest even), written to
-    ``out`` (new if None); a value beyond fp16 range sets ``flag``."""
+def launch_to_fp16(w: torch.Tensor, flag: torch.Tensor | None = None) -> torch.Tensor:
+    """A new fp16 copy of the contiguous weight ``w`` (round to nearest even); a value
+    beyond fp16 range sets ``flag``."""
     if not w.is_contiguous():
         raise ValueError(f"{NAME} (fast): the weight converted to fp16 must be contiguous, got strides {w.stride()}")
-    if out is None:
-        out = torch.empty(w.shape, device=w.device, dtype=torch.float16)
-    elif out.shape != w.shape or out.dtype != torch.float16 or not out.is_contiguous():
-        raise ValueError(f"{NAME} (fast): the fp16 copy's buffer must be a contiguous fp16 tensor of shape "
-                         f"{tuple(w.shape)}, got {out.dtype} {tuple(out.shape)}")
+    out = torch.empty(w.shape, device=w.device, dtype=torch.float16)
     n = w.numel()
     # the interpreter pays per program: few large blocks there
     block = 4096 if not interpreting() else min(1 << 16, triton.next_power_of_2(max(n, 1)))

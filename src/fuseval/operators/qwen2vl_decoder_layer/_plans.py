@@ -263,10 +263,6 @@ class Plan:
     attention_precision: str
     mrope_layout: str = "sol"
     fp16_weights: bool = False     # "fp16": every GEMM weight converted to fp16 by one pass per call
-    # with fp16_weights on CUDA: the o_proj and MLP weights converted on a second stream,
-    # beside the norm, QKV and attention kernels (their conversion reads 0.8 GB that the
-    # compute-bound kernels leave unused), instead of before them
-    overlap_conversion: bool = False
 
     @property
     def hf_layout(self) -> bool:
@@ -355,8 +351,6 @@ def plan_for(sh: Shape, device: torch.device, precision: str = "tf32", attention
     plan.update(tuning or {})
     if plan.get("fp16_weights") and precision != "fp16":
         raise ValueError(f"{NAME} (fast): fp16_weights needs precision 'fp16', got {precision!r}")
-    # nothing to overlap in a call that converts no weights
-    plan["overlap_conversion"] = bool(plan.get("overlap_conversion")) and bool(plan.get("fp16_weights"))
     plan["qkv_heads_per_tile"] = heads_per_tile(sh, plan["qkv_heads_per_tile"])
     return Plan(precision=precision, attention_precision=attention_precision, mrope_layout=mrope_layout, **plan)
 

@@ -289,10 +289,7 @@ def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, 
     M, H = sh.M, sh.H
     x2 = x.view(M, H)
     flag = _new_flag(plan, dev)
-    if plan.overlap_conversion and dev.type == "cuda":
-        (wq, wk, wv, wo, wg, wu, wd), converted = _gemm_weights_aside(plan, (wq, wk, wv, wo, wg, wu, wd), flag)
-    else:
-        (wq, wk, wv, wo, wg, wu, wd), converted = _gemm_weights(plan, (wq, wk, wv, wo, wg, wu, wd), flag), None
+    wq, wk, wv, wo, wg, wu, wd = _gemm_weights(plan, (wq, wk, wv, wo, wg, wu, wd), flag)
     act = functools.partial(torch.empty, device=dev, dtype=plan.act_dtype)
     new = functools.partial(torch.empty, device=dev, dtype=torch.float32)
 
@@ -302,14 +299,10 @@ def _launch_layer(sh: Shape, t: Sequence[torch.Tensor], eps: float, plan: Plan, 
     launch_qkv(h, (wq, bq, wk, bk, wv, bv), cos, sin, sh, plan, qk, vt, fused=True, mutant=mutant, flag=flag)
     attn = launch_attention(qk, vt, act(M, sh.QD), sh, plan, mutant, flag)
     del qk, vt
-    if converted is not None:
-        _await_conversion(converted[0], dev)
     x1 = launch_residual_gemm(attn, wo, None if mutant == "missing_residual" else x2, new(M, H),
                               plan.o_proj, precision, flag)
     del attn
     h2 = launch_norm(x1, w_post, h, eps, plan, mutant, flag)          # reuses h's buffer
-    if converted is not None:
-        _await_conversion(converted[1], dev)
     a = launch_gate_up(h2, wg, wu, act(M, sh.I), plan.gate_up, precision, fuse_act=True,
                        round_out=plan.round_act, mutant=mutant, flag=flag)
     out = launch_residual_gemm(a, wd, None if mutant == "missing_final_residual" else x1, new(M, H),
@@ -324,42 +317,6 @@ def _gemm_weights(plan: Plan, weights: Sequence[torch.Tensor], flag: torch.Tenso
     if not plan.fp16_weights:
         return tuple(weights)
     return tuple(launch_to_fp16(w, flag) for w in weights)
-
-
-_CONVERSION_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _gemm_weights_aside(plan: Plan, weights: Sequence[torch.Tensor], flag: torch.Tensor | None) -> tuple:
-    """``plan.overlap_conversion``: the q, k, v weights converted on the caller's stream (the
-    QKV GEMM needs them first), the o_proj and MLP weights on a second stream that starts
-    after the caller's queued work (the inputs are ready) and runs beside the norm, QKV,
-    attention and o_proj kernels. Returns (the seven weights, (the event after the o_proj
-    weight, the event after the MLP weights)): the caller's stream waits for the first
-    before the o_proj GEMM, for the second before the gate/up GEMM. The copies are
-    allocated on the caller's stream, so their memory is released in its order; the
-    caller waits for each event before the first use of its copies, which makes every
-    write of the second stream precede every later use."""
-    dev = weights[0].device
-    caller = torch.cuda.current_stream(dev)
-    side = _CONVERSION_STREAMS.get(dev.index)
-    if side is None:
-        side = _CONVERSION_STREAMS[dev.index] = torch.cuda.Stream(dev)
-    now = tuple(launch_to_fp16(w, flag) for w in weights[:3])
-    later = tuple(torch.empty(w.shape, device=dev, dtype=torch.float16) for w in weights[3:])
-    side.wait_stream(caller)
-    events = (torch.cuda.Event(), torch.cuda.Event())
-    with torch.cuda.stream(side):
-        launch_to_fp16(weights[3], flag, out=later[0])
-        events[0].record(side)
-        for w, out in zip(weights[4:], later[1:]):
-            launch_to_fp16(w, flag, out=out)
-        events[1].record(side)
-    return now + later, events
-
-
-def _await_conversion(event: torch.cuda.Event, dev: torch.device) -> None:
-    """The caller's stream waits until the second stream has written the copies before ``event``."""
-    torch.cuda.current_stream(dev).wait_event(event)
 
 
 def _run_staged(inputs: Sequence[Any], *, taps: MutableMapping[str, torch.Tensor] | None = None,
