@@ -431,8 +431,12 @@ def _make_spare() -> None:
 
 def _key(impl: Any, defn: Any, device: str) -> tuple:
     ident = impl if isinstance(impl, str) else pickle.dumps(impl)
-    # the same 'module:function' names another file from another folder or search path
-    return (ident, os.getcwd(), tuple(sys.path), defn.name, defn.variant, tuple(sorted(defn.implementations.items())), str(device))
+    # the same 'module:function' names another file from another folder or search path;
+    # the working folder is importable either way (ops._import_callable puts it on the
+    # path at the first such import), so its entry on the path does not tell runs apart
+    cwd = os.getcwd()
+    path = tuple(p for p in sys.path if p not in ("", cwd))
+    return (ident, cwd, path, defn.name, defn.variant, tuple(sorted(defn.implementations.items())), str(device))
 
 
 def worker_for(impl: Any, defn: Any, device: str) -> Worker:
@@ -468,8 +472,14 @@ def prespawn(impl: Any, defns: Sequence[Any], device: str) -> int:
 
 
 def close_all() -> None:
+    """Close every worker: all are asked to quit first, so that they shut down side by side."""
     with _lock:
-        for w in list(_workers.values()) + _spare:
+        workers = list(_workers.values()) + _spare
+        for w in workers:
+            if w.alive():
+                with contextlib.suppress(Exception):
+                    w.conn.send(("quit",))
+        for w in workers:
             w.close()
         _workers.clear()
         _spare.clear()
