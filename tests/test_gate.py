@@ -11,6 +11,8 @@ import json
 import os
 import re
 import sys
+import time
+import types
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -404,6 +406,61 @@ def test_parallel_gate_gives_the_serial_report(tmp_path):
     finally:
         sys.path.remove(str(tmp_path))
     assert [c.status for c in broken.components] == ["fail", "fail"] and broken.exit_code == EXIT_CHECK_FAILED
+
+
+def test_gate_of_several_operators_runs_one_thread_per_operator(tmp_path, monkeypatch):
+    """On the CPU, with several operators, jobs=2 runs each operator's components in a
+    thread of its own, through the workers that validation started: no pool process. The
+    report is the serial run's, and two properties components never run at once."""
+    from fuseval.gate import parallel
+    ops = [OP, "residual_rmsnorm"]
+    kw = dict(components=["check", "properties", "budget"], cases="0,1", seeds=1, budget_cases="0", isolate=True)
+    serial = run_gate(ops, "torch", **kw)
+    monkeypatch.setattr(parallel, "run_units", lambda *a, **k: pytest.fail("the process pool ran"))
+    events: list[tuple[float, str]] = []
+    threaded = run_gate(ops, "torch", jobs=2, out=str(tmp_path), progress=lambda m: events.append(
+        (time.perf_counter(), m)), **kw)
+    assert [(c.op, c.name, c.status) for c in threaded.components] == \
+        [(c.op, c.name, c.status) for c in serial.components]
+    assert all(c.status == "pass" for c in threaded.components)
+    assert [c.summary for c in threaded.components] == [c.summary for c in serial.components]
+    assert threaded.exit_code == serial.exit_code == 0
+    spans = {}
+    for t, m in events:
+        for op in ops:
+            if m.startswith(f"{op} properties: "):
+                spans.setdefault(op, []).append(t)
+    (a0, a1), (b0, b1) = spans[ops[0]], spans[ops[1]]
+    assert a1 <= b0 or b1 <= a0, spans
+    # both operators' workers served their components side by side
+    starts = [t for t, m in events if m.endswith("check: started")]
+    assert len(starts) == 2 and abs(starts[0] - starts[1]) < 1.0
+
+
+def test_the_threaded_gate_is_not_used_where_it_cannot_help():
+    from fuseval.gate import parallel
+    a, b = (types.SimpleNamespace(op=op) for op in (OP, "residual_rmsnorm"))
+    two, one = [(a, "check"), (b, "check")], [(a, "check"), (a, "budget")]
+    assert parallel.by_operator(two, "cpu", isolated=True)
+    assert not parallel.by_operator(one, "cpu", isolated=True)          # one operator: the pool
+    assert not parallel.by_operator(two, "cpu", isolated=False)         # calls in this process
+    assert not parallel.by_operator(two, "cuda", isolated=True)
+
+
+def test_worker_key_does_not_change_when_the_working_folder_is_put_on_the_path(monkeypatch):
+    """ops._import_callable puts the working folder on sys.path at the first import of a
+    'module:function': the implementation's worker must stay the same (a second worker
+    would import torch again mid-run)."""
+    import sys
+    from fuseval import isolation
+    from fuseval.definitions import load
+    defn = load(OP)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
+    before = isolation._key("fast", defn, "cpu")
+    sys.path.insert(0, os.getcwd())
+    assert isolation._key("fast", defn, "cpu") == before
+    sys.path.insert(0, "/some/other/folder")
+    assert isolation._key("fast", defn, "cpu") != before
 
 
 @pytest.mark.parametrize("jobs", [0, -1, True, "two", 1.5])

@@ -20,6 +20,7 @@ import base64
 import html
 import io
 import math
+import threading
 from typing import Any
 
 from ..jsonio import number
@@ -190,7 +191,16 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+# matplotlib is not thread-safe: one page's plots at a time (the gate may run budgets in threads)
+_RENDERING = threading.Lock()
+
+
 def render_html(d: dict[str, Any]) -> str:
+    with _RENDERING:
+        return _render_html(d)
+
+
+def _render_html(d: dict[str, Any]) -> str:
     esc = html.escape
     s = d["summary"]
     bs = d["budget_summary"]

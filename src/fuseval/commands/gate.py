@@ -49,9 +49,11 @@ def add_arguments(p) -> None:
     p.add_argument("--warn-margin", type=float, default=None,
                    help="warn when less than this fraction of a rule's allowance is left (default: 0.5)")
     p.add_argument("--jobs", default="auto", type=_jobs,
-                   help="components run side by side in this many processes (default: one per CPU "
-                        "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own, else 1); "
-                        "the report is the same as a serial run's")
+                   help="components run side by side, this many at a time (default: one per CPU "
+                        "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own, else 1): "
+                        "on the CPU with several operators one thread per operator drives its "
+                        "implementation worker, otherwise a pool of processes; the report is the same as a "
+                        "serial run's")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

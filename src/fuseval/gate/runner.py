@@ -100,6 +100,12 @@ def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     isolation.prespawn(impl, defns, s.device)
 
 
+def _isolated(impl: Any, s) -> bool:
+    """Whether the implementation's calls run in worker processes of their own."""
+    from .. import isolation
+    return bool(s.isolate) and isolation.can_isolate(impl)[0]
+
+
 def _check_jobs(jobs: Any) -> None:
     if jobs != "auto" and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise UsageError(f"jobs: expected a number of processes >= 1 or 'auto', got {jobs!r}")
@@ -114,7 +120,10 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
         jobs = parallel.default_jobs(s.device, len(units))
     done: dict[tuple[str, str], ComponentResult] = {}
     if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
-        ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
+        if parallel.by_operator(units, s.device, _isolated(options["impl"], s)):
+            ran = parallel.run_operators(units, jobs)
+        else:
+            ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
         done = {(ctx.op, c): r for (ctx, c), r in zip(units, ran)}
     results: list[ComponentResult] = []
     for entry in plan:
@@ -168,10 +177,12 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     ``progress(message)``: called as work proceeds (the CLI prints these on stderr).
     ``isolate`` (default): the implementation runs in a worker process of its own in every
     component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
-    trusts it and runs it in this process. ``jobs``: components run side by side in this
-    many processes (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on
-    the CPU, one per GPU on a machine with several, else 1; default 1, serial); the report is the same as a serial run's, in the
-    same order. An implementation given as a callable runs serially.
+    trusts it and runs it in this process. ``jobs``: components run side by side, ``jobs``
+    at a time (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on the
+    CPU, one per GPU on a machine with several, else 1; default 1, serial): on the CPU
+    with several operators and isolation, one thread per operator drives that operator's
+    worker; otherwise a pool of processes. The report is the same as a serial run's, in
+    the same order. An implementation given as a callable runs serially.
 
     Raises :class:`~fuseval.errors.FusevalError` for bad input to the gate itself (unknown
     operator, profile or component, an implementation that does not import, no CUDA
