@@ -551,3 +551,55 @@ def test_pool_processes_get_a_gpu_each_when_there_is_one_for_each(monkeypatch):
     assert seen == ["1", "2", "1"]
     if not torch.cuda.is_available():
         assert parallel.default_jobs("cuda", 6) == 1 and parallel.default_jobs("cpu", 1) == 1
+
+
+# --------------------------------------------------------------------------- warm-up (CUDA)
+def test_warmup_takes_every_case_shape_of_check_and_budget_once(tmp_path):
+    from fuseval.gate import warmup
+    from fuseval.gate.inputs import context, settings
+    s = settings(profile="ci", device="cpu", config=None, cases="0-3", seeds=1, mode="benchmark", warn_margin=None,
+                 strict=False, budget_config=None, budget_cases="1,2", budget=None, out=None, progress=None,
+                 isolate=False, timeout=None, components=["check", "budget"])
+    ctx = context(OP, "torch", s)
+    items = warmup.shapes([ctx])
+    from fuseval.definitions import load
+    defn = load(OP, "small")
+    want = []
+    for c in defn.cases([0, 1, 2, 3]):
+        if dict(c.axes) not in want:
+            want.append(dict(c.axes))
+    assert [axes for _, _, axes in items] == want and all(op == OP for op, _, _ in items)
+    # nothing starts where it cannot help
+    assert warmup.start([ctx], "torch", "cpu", "benchmark", isolated=True, progress=print) is None
+    assert warmup.start([ctx], torch_eager, "cuda", "benchmark", isolated=True, progress=print) is None
+    assert warmup.start([ctx], "torch", "cuda", "benchmark", isolated=False, progress=print) is None
+
+
+def test_warmup_processes_call_each_shape_and_its_stage_taps(tmp_path, monkeypatch):
+    """The processes call the implementation once per shape, and its .staged where it has
+    one; a call that raises is skipped, not fatal."""
+    from fuseval.gate import warmup
+    log = tmp_path / "calls.txt"
+    (tmp_path / "warm_mod.py").write_text(
+        "import os\n"
+        f"LOG = {str(log)!r}\n"
+        "def fn(*inputs):\n"
+        "    with open(LOG, 'a') as f:\n"
+        "        f.write(f'call {tuple(inputs[0].shape)}\\n')\n"
+        "    if inputs[0].shape[1] == 16:\n"
+        "        raise RuntimeError('planted failure')\n"
+        "def _staged(*inputs, taps=None, override=None):\n"
+        "    with open(LOG, 'a') as f:\n"
+        "        f.write(f'staged {tuple(inputs[0].shape)}\\n')\n"
+        "fn.staged = _staged\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    items = [(OP, "small", {"seq_len": 8, "batch_size": 1}), (OP, "small", {"seq_len": 16, "batch_size": 2}),
+             (OP, "small", {"seq_len": 32, "batch_size": 1})]
+    warm = warmup.spawn(items, "warm_mod:fn", "cpu", "benchmark", 2)
+    for p in warm.procs:
+        p.join(120)
+    assert len(warm.procs) == 2 and warm.done == 3
+    lines = sorted(log.read_text().splitlines())
+    assert lines == sorted(["call (1, 8, 64)", "staged (1, 8, 64)", "call (2, 16, 64)",
+                            "call (1, 32, 64)", "staged (1, 32, 64)"]), lines
+    assert warm.stop() == "warm-up: 3 of 3 case shapes compiled beside the gate"

@@ -54,6 +54,9 @@ def add_arguments(p) -> None:
                         "on the CPU with several operators one thread per operator drives its "
                         "implementation worker, otherwise a pool of processes; the report is the same as a "
                         "serial run's")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="on CUDA, do not compile the implementation's kernels for the run's case shapes in "
+                        "processes beside the gate (the warm-up changes no result)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
@@ -83,6 +86,6 @@ def run(args) -> int:
                       strict=args.strict, budget_cases=args.budget_cases, budget=args.budget, out=args.out,
                       progress=None if args.quiet else stderr_progress(sys.stderr),
                       isolate=False if args.in_process else None, timeout=args.timeout,
-                      jobs=args.jobs)
+                      jobs=args.jobs, warmup=not args.no_warmup)
     report.print_summary()
     return report.exit_code

@@ -162,7 +162,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
              strict: bool = False, budget_config: str | None = None, budget_cases: str | None = "profile",
              budget: Any = None, out: str | None = None,
              progress: Callable[[str], None] | None = None, isolate: bool | None = None,
-             timeout: float | None = None, jobs: int | str = 1) -> GateReport:
+             timeout: float | None = None, jobs: int | str = 1, warmup: bool = True) -> GateReport:
     """Run the gate on one operator, several ("a,b", a list) or "all".
 
     ``impl``: a name of the operators' implementation tables ("fast", "torch"...),
@@ -182,7 +182,10 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     CPU, one per GPU on a machine with several, else 1; default 1, serial): on the CPU
     with several operators and isolation, one thread per operator drives that operator's
     worker; otherwise a pool of processes. The report is the same as a serial run's, in
-    the same order. An implementation given as a callable runs serially.
+    the same order. An implementation given as a callable runs serially. ``warmup``: on
+    CUDA, a few processes compile the implementation's kernels for the run's case shapes
+    beside it (:mod:`fuseval.gate.warmup`; it changes no result, only how soon the
+    kernels are in Triton's cache).
 
     Raises :class:`~fuseval.errors.FusevalError` for bad input to the gate itself (unknown
     operator, profile or component, an implementation that does not import, no CUDA
@@ -200,7 +203,16 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
         profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
         warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
         budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
-    results = _run_plan(plan, chosen, options, s, jobs)
+    warm = None
+    if warmup:
+        from . import warmup as _warmup
+        warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
+                             isolated=_isolated(impl, s), progress=s.progress)
+    try:
+        results = _run_plan(plan, chosen, options, s, jobs)
+    finally:
+        if warm is not None:
+            s.progress(warm.stop())
     from ..ops import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
                         time.perf_counter() - t_start, started)
