@@ -28,7 +28,10 @@ each unwrapping, validating and re-wrapping its shape in fresh Triton tuples; a 
 seen before reuses the objects of its first sight. This halves the Python function calls
 of an interpreted call (op B at 64 tokens: 1.12 M -> 0.59 M) and takes about a third
 off its time (0.29 -> 0.18-0.26 s on this 2-core machine; the README's gate 66 -> 59 s
-with the workers' start and the threaded gate of the same change).
+with the workers' start and the threaded gate of the same change). Two operands of one
+shared shape skip ``broadcast_impl_value``'s loop, and a cast to an operand's own scalar
+type returns it at once (Triton returns both unchanged in those cases): 0.59 M -> 0.48 M
+calls.
 
 The kernels' outputs are bit for bit the same, and Triton's errors for shapes it refuses
 are its own (``tests/test_interpreter_patch.py``). It applies to the Triton version it was written
@@ -200,3 +203,25 @@ def _install_shape_shortcuts(core) -> None:
     block_type.name = property(block_type_name, lambda self, value: None)
     tensor.__init__ = tensor_init
     core._unwrap_if_constexpr = unwrap_if_constexpr
+
+    # two blocks of one shared shape need no broadcast: Triton's loop over the dimensions
+    # would return both operands unchanged
+    from triton.language.semantic import TritonSemantic
+    original_broadcast = TritonSemantic.broadcast_impl_value
+
+    def broadcast_impl_value(self, lhs, rhs):
+        lhs_ty, rhs_ty = lhs.type, rhs.type
+        if lhs_ty.is_block() and rhs_ty.is_block() and lhs_ty.shape is rhs_ty.shape:
+            return lhs, rhs
+        return original_broadcast(self, lhs, rhs)
+
+    # a cast to the operand's own scalar type returns the operand (Triton's first test)
+    original_cast = TritonSemantic.cast
+
+    def cast(self, input, dst_ty, fp_downcast_rounding=None):
+        if input.type.scalar is dst_ty.scalar:
+            return input
+        return original_cast(self, input, dst_ty, fp_downcast_rounding)
+
+    TritonSemantic.broadcast_impl_value = broadcast_impl_value
+    TritonSemantic.cast = cast
