@@ -10,7 +10,7 @@ Two ways, chosen by :func:`by_operator`:
   runs in that worker process, so the operators' workers keep the cores busy side by side.
   No pool process imports torch and starts a second worker for an operator whose worker
   is already waiting. Measured on the 2-core CI machine: the README's gate took 66 s wall
-  on a pool of 2 processes and 56-58 s this way.
+  on a pool of 2 processes and 57.8-58.7 s this way (three runs, same interpreter).
 * **A pool of processes** (:func:`run_units`) otherwise: each (operator, component) is a
   unit of work handed to a pool of ``jobs`` worker processes.
 
