@@ -445,6 +445,7 @@ def test_the_threaded_gate_is_not_used_where_it_cannot_help():
     assert not parallel.by_operator(one, "cpu", isolated=True)          # one operator: the pool
     assert not parallel.by_operator(two, "cpu", isolated=False)         # calls in this process
     assert not parallel.by_operator(two, "cuda", isolated=True)
+    assert not parallel.by_operator(two, "cpu", isolated=True, jobs=3)  # more processes than operators
 
 
 def test_worker_key_does_not_change_when_the_working_folder_is_put_on_the_path(monkeypatch):

@@ -27,11 +27,11 @@ Shapes (``_install_shape_shortcuts``): every op builds a ``block_type`` and a ``
 each unwrapping, validating and re-wrapping its shape in fresh Triton tuples; a shape
 seen before reuses the objects of its first sight. This halves the Python function calls
 of an interpreted call (op B at 64 tokens: 1.12 M -> 0.59 M) and takes about a third
-off its time (0.29 -> 0.18-0.26 s on this 2-core machine; the README's gate 66 -> 59 s
-with the workers' start and the threaded gate of the same change). Two operands of one
+off its time (0.29 -> 0.18-0.26 s on this 2-core machine). Two operands of one
 shared shape skip ``broadcast_impl_value``'s loop, and a cast to an operand's own scalar
 type returns it at once (Triton returns both unchanged in those cases): 0.59 M -> 0.48 M
-calls.
+calls. With the gate's changes of the same session, the README's gate went from 66 to 53 s
+wall.
 
 The kernels' outputs are bit for bit the same, and Triton's errors for shapes it refuses
 are its own (``tests/test_interpreter_patch.py``). It applies to the Triton version it was written

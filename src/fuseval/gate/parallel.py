@@ -3,8 +3,8 @@ order, so that the report (and its verdict and exit code) is the same as a seria
 
 Two ways, chosen by :func:`by_operator`:
 
-* **One thread per operator** (:func:`run_operators`): on the CPU, with several operators
-  and the implementation isolated. Each thread runs its operator's components in turn,
+* **One thread per operator** (:func:`run_operators`): on the CPU, with the implementation
+  isolated and at least as many operators (two or more) as ``jobs``. Each thread runs its operator's components in turn,
   through the implementation worker that validating the operator's context started. The
   costly part of a component, the implementation's calls (the Triton interpreter), then
   runs in that worker process, so the operators' workers keep the cores busy side by side.
@@ -181,11 +181,14 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
     return results  # type: ignore[return-value]
 
 
-def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated: bool) -> bool:
-    """Whether :func:`run_operators` runs these units: on the CPU, several operators, and
-    the implementation in worker processes (else its calls would share this process's
-    interpreter lock, and one thread would wait for the other)."""
-    return device == "cpu" and isolated and len({ctx.op for ctx, _ in units}) > 1
+def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated: bool, jobs: int = 2) -> bool:
+    """Whether :func:`run_operators` runs these units: on the CPU, the implementation in
+    worker processes (else its calls would share this process's interpreter lock, and one
+    thread would wait for the other), and at least as many operators as ``jobs``, each
+    thread then having an operator to itself (with more processes than operators, the
+    pool can also split one operator's components)."""
+    n = len({ctx.op for ctx, _ in units})
+    return device == "cpu" and isolated and n > 1 and n >= jobs
 
 
 # Hypothesis keeps per-test state in globals: two properties components never run at once

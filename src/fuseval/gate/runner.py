@@ -120,7 +120,7 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
         jobs = parallel.default_jobs(s.device, len(units))
     done: dict[tuple[str, str], ComponentResult] = {}
     if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
-        if parallel.by_operator(units, s.device, _isolated(options["impl"], s)):
+        if parallel.by_operator(units, s.device, _isolated(options["impl"], s), jobs):
             ran = parallel.run_operators(units, jobs)
         else:
             ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
