@@ -179,9 +179,9 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
     trusts it and runs it in this process. ``jobs``: components run side by side, ``jobs``
     at a time (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on the
-    CPU, one per GPU on a machine with several, else 1; default 1, serial): on the CPU
-    with several operators and isolation, one thread per operator drives that operator's
-    worker; otherwise a pool of processes. The report is the same as a serial run's, in
+    CPU, one per GPU on a machine with several, else 1; default 1, serial): on the CPU,
+    isolated, with at least as many operators as jobs, one thread per operator drives that
+    operator's worker; otherwise a pool of processes. The report is the same as a serial run's, in
     the same order. An implementation given as a callable runs serially. ``warmup``: on
     CUDA, a few processes compile the implementation's kernels for the run's case shapes
     beside it (:mod:`fuseval.gate.warmup`; it changes no result, only how soon the
