@@ -151,7 +151,8 @@ def _install_shape_shortcuts(core) -> None:
     original_block_init, original_tensor_init = block_type.__init__, tensor.__init__
     original_unwrap = core._unwrap_if_constexpr
     block_shapes: dict = {}      # dims (ints) -> (the shared Triton tuple, numel)
-    tensor_shapes: dict = {}     # id(shared Triton tuple), None for scalars -> (numel as constexpr, shape as constexprs)
+    # id(shared Triton tuple), None for scalars -> (numel as constexpr, shape as constexprs)
+    tensor_shapes: dict = {}
 
     def block_type_init(self, element_ty, shape):
         kind = type(shape)

@@ -4,13 +4,14 @@ order, so that the report (and its verdict and exit code) is the same as a seria
 Two ways, chosen by :func:`by_operator`:
 
 * **One thread per operator** (:func:`run_operators`): on the CPU, with the implementation
-  isolated and at least as many operators (two or more) as ``jobs``. Each thread runs its operator's components in turn,
-  through the implementation worker that validating the operator's context started. The
-  costly part of a component, the implementation's calls (the Triton interpreter), then
-  runs in that worker process, so the operators' workers keep the cores busy side by side.
-  No pool process imports torch and starts a second worker for an operator whose worker
-  is already waiting. Measured on the 2-core CI machine: the README's gate took 66 s wall
-  on a pool of 2 processes and 57.8-58.7 s this way (three runs, same interpreter).
+  isolated and at least as many operators (two or more) as ``jobs``. Each thread runs its
+  operator's components in turn, through the implementation worker that validating the
+  operator's context started. The costly part of a component, the implementation's calls
+  (the Triton interpreter), then runs in that worker process, so the operators' workers
+  keep the cores busy side by side. No pool process imports torch and starts a second
+  worker for an operator whose worker is already waiting. Measured on the 2-core CI
+  machine: the README's gate took 66 s wall on a pool of 2 processes and 57.8-58.7 s this
+  way (three runs, same interpreter).
 * **A pool of processes** (:func:`run_units`) otherwise: each (operator, component) is a
   unit of work handed to a pool of ``jobs`` worker processes.
 
