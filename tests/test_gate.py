@@ -443,10 +443,10 @@ def test_the_threaded_gate_is_not_used_where_it_cannot_help():
     from fuseval.gate import parallel
     a, b = (types.SimpleNamespace(op=op) for op in (OP, "residual_rmsnorm"))
     two, one = [(a, "check"), (b, "check")], [(a, "check"), (a, "budget")]
-    assert parallel.by_operator(two, "cpu", isolated=True)
-    assert not parallel.by_operator(one, "cpu", isolated=True)          # one operator: the pool
-    assert not parallel.by_operator(two, "cpu", isolated=False)         # calls in this process
-    assert not parallel.by_operator(two, "cuda", isolated=True)
+    assert parallel.by_operator(two, "cpu", isolated=True, jobs=2)
+    assert not parallel.by_operator(one, "cpu", isolated=True, jobs=2)          # one operator: the pool
+    assert not parallel.by_operator(two, "cpu", isolated=False, jobs=2)         # calls in this process
+    assert not parallel.by_operator(two, "cuda", isolated=True, jobs=2)
     assert not parallel.by_operator(two, "cpu", isolated=True, jobs=3)  # more processes than operators
 
 

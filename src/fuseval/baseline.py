@@ -120,9 +120,9 @@ class _Subject:
 
 def _subject(operator, impl: str | Callable, device, isolate: bool | None) -> _Subject:
     from .budget import staged_of
-    from .isolation import can_isolate, default_isolate, worker_for
+    from .isolation import default_isolate, isolates, worker_for
     defn = operator.definition
-    if default_isolate(isolate) and can_isolate(impl)[0]:
+    if isolates(impl, default_isolate(isolate)):
         worker = worker_for(impl, defn, str(device))   # ImplementationError early, before any work
         return _Subject(operator, impl, True, worker.staged)
     fn = operator.implementation(impl)

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 from .worker_process import child_main, describe_exception, impl_error_location, is_oom
 
 __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
-           "session", "close_all", "can_isolate", "impl_error_location", "describe_exception", "is_oom"]
+           "session", "close_all", "can_isolate", "isolates", "impl_error_location", "describe_exception", "is_oom"]
 
 # seconds a case may take in the implementation (every call of the case together); the
 # first call of a GPU kernel includes its compilation
@@ -178,10 +178,16 @@ class Worker:
                 self.conn.close()
         self.proc = self.conn = None
 
-    def close(self) -> None:
+    def ask_to_quit(self) -> None:
         if self.alive():
             with contextlib.suppress(Exception):
                 self.conn.send(("quit",))
+
+    def close(self, asked: bool = False) -> None:
+        """Quit (``asked``: the quit was sent already), killed after 2 s."""
+        if not asked:
+            self.ask_to_quit()
+        if self.alive():
             self.proc.join(2)
         self.kill()
 
@@ -405,6 +411,12 @@ def can_isolate(impl: Any) -> tuple[bool, str]:
     return True, ""
 
 
+def isolates(impl: Any, isolate: bool) -> bool:
+    """Whether ``impl``'s calls run in a worker process: isolation asked for (``isolate``,
+    resolved) and the implementation sendable to a worker (:func:`can_isolate`)."""
+    return bool(isolate) and can_isolate(impl)[0]
+
+
 _spare: list[Worker] = []
 
 
@@ -476,11 +488,9 @@ def close_all() -> None:
     with _lock:
         workers = list(_workers.values()) + _spare
         for w in workers:
-            if w.alive():
-                with contextlib.suppress(Exception):
-                    w.conn.send(("quit",))
+            w.ask_to_quit()
         for w in workers:
-            w.close()
+            w.close(asked=True)
         _workers.clear()
         _spare.clear()
 

@@ -128,8 +128,8 @@ class _Labelled:
 def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
     """What a component that calls the implementation like a function gets: a proxy to its
     worker process (isolated), or the implementation itself."""
-    from ..isolation import IsolatedImpl, can_isolate
-    if not (ctx.isolate and can_isolate(ctx.impl)[0]):
+    from ..isolation import IsolatedImpl, isolates
+    if not isolates(ctx.impl, ctx.isolate):
         return ctx.impl
     from ..ops import get
     proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)

@@ -237,10 +237,10 @@ def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: b
     """Fail early when the implementation does not import (ImplementationError, exit 4):
     isolated, by starting its worker (which imports it there and then serves the run),
     otherwise here."""
-    from ..isolation import can_isolate, worker_for
+    from ..isolation import isolates, worker_for
     from ..ops import resolve_impl
     try:
-        if isolate and can_isolate(impl)[0]:
+        if isolates(impl, isolate):
             worker_for(impl, defn, device)
         else:
             resolve_impl(defn, impl)

@@ -182,7 +182,7 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
     return results  # type: ignore[return-value]
 
 
-def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated: bool, jobs: int = 2) -> bool:
+def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated: bool, jobs: int) -> bool:
     """Whether :func:`run_operators` runs these units: on the CPU, the implementation in
     worker processes (else its calls would share this process's interpreter lock, and one
     thread would wait for the other), and at least as many operators as ``jobs``, each

@@ -91,19 +91,13 @@ def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     the contexts start them one by one (each imports torch meanwhile)."""
     from .. import isolation
     from ..definitions import load
-    if len(names) < 2 or not s.isolate or not isolation.can_isolate(impl)[0]:
+    if len(names) < 2 or not isolation.isolates(impl, s.isolate):
         return
     try:
         defns = [load(n, s.config or s.profile.config) for n in names]
     except Exception:  # noqa: BLE001 - a bad configuration: the contexts report it, with its exit code
         return
     isolation.prespawn(impl, defns, s.device)
-
-
-def _isolated(impl: Any, s) -> bool:
-    """Whether the implementation's calls run in worker processes of their own."""
-    from .. import isolation
-    return bool(s.isolate) and isolation.can_isolate(impl)[0]
 
 
 def _check_jobs(jobs: Any) -> None:
@@ -114,13 +108,14 @@ def _check_jobs(jobs: Any) -> None:
 def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) -> list[ComponentResult]:
     """Every component of the plan, in the plan's order: serially, or in ``jobs`` processes."""
     from . import parallel
+    from ..isolation import isolates
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
     if jobs == "auto":
         jobs = parallel.default_jobs(s.device, len(units))
     done: dict[tuple[str, str], ComponentResult] = {}
     if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
-        if parallel.by_operator(units, s.device, _isolated(options["impl"], s), jobs):
+        if parallel.by_operator(units, s.device, isolates(options["impl"], s.isolate), jobs):
             ran = parallel.run_operators(units, jobs)
         else:
             ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
@@ -205,9 +200,10 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
         budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
     warm = None
     if warmup:
+        from ..isolation import isolates
         from . import warmup as _warmup
         warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
-                             isolated=_isolated(impl, s), progress=s.progress)
+                             isolated=isolates(impl, s.isolate), progress=s.progress)
     try:
         results = _run_plan(plan, chosen, options, s, jobs)
     finally:
