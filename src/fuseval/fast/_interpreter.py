@@ -100,6 +100,7 @@ def install() -> bool:
     interp.GridExecutor.__call__ = launch_call
     interp.InterpretedFunction.__call__ = helper_call
     _install_type_shortcuts(interp, tl)
+    _install_shape_shortcuts(tl.core)
     _INSTALLED[0] = True
     return True
 
@@ -133,7 +134,6 @@ def _install_type_shortcuts(interp, tl) -> None:
     interp._get_np_dtype = np_dtype
     tl.core.tuple_type.__init__ = tuple_type_init
     tl.core.tuple_type.name = property(tuple_type_name)
-    _install_shape_shortcuts(tl.core)
 
 
 def _install_shape_shortcuts(core) -> None:
