@@ -427,10 +427,10 @@ def test_prefetched_inputs_give_the_same_report():
             assert sa.local == sb.local and sa.propagated == sb.propagated
 
 
-@pytest.mark.parametrize("radix", [False, True], ids=["kthvalue", "radix_select"])
-def test_kth_smallest_is_exact_with_zeros_and_infinities(radix):
-    """The k-th smallest tolerance ratio, by torch.kthvalue or by a radix select on the
-    bits (the path for large CUDA tensors): the same value as a full sort, at every rank."""
+@pytest.mark.parametrize("select", [False, True], ids=["kthvalue", "threshold_select"])
+def test_kth_smallest_is_exact_with_zeros_and_infinities(select):
+    """The k-th smallest tolerance ratio, by torch.kthvalue or by the threshold select
+    (the path for large CUDA tensors): the same value as a full sort, at every rank."""
     from fuseval.budget.metrics import kth_smallest
     gen = torch.Generator().manual_seed(3)
     x = torch.rand(5000, generator=gen, dtype=torch.float64) * 7
@@ -438,8 +438,43 @@ def test_kth_smallest_is_exact_with_zeros_and_infinities(radix):
     x[::13] = 0.0
     x[5:40] = 1.25                                       # ties
     ordered = x.sort().values
-    for k in (1, 2, 38, 2500, 4444, 4999, 5000):
-        assert kth_smallest(x, k, radix=radix) == float(ordered[k - 1]), k
+    for k in (1, 2, 38, 2500, 2501, 4444, 4950, 4999, 5000):
+        assert kth_smallest(x, k, select=select) == float(ordered[k - 1]), k
+        assert kth_smallest(x, k, select=select, sample=64) == float(ordered[k - 1]), k
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_kth_smallest_on_cuda_takes_the_select_and_is_exact():
+    """Above a million elements on CUDA (the threshold select by default): the value a
+    full sort gives, at the ranks a matched ratio asks for and in the lower half."""
+    from fuseval.budget.metrics import kth_smallest
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    x = torch.rand(3_000_001, generator=gen, device="cuda", dtype=torch.float64) ** 3
+    x[::1001] = math.inf
+    x[7::97] = 0.0
+    ordered = x.sort().values
+    n = x.numel()
+    for k in (1, 1000, n // 2, n // 2 + 1, int(0.99 * n), int(0.999 * n), n - 2999, n):
+        assert kth_smallest(x, k) == float(ordered[k - 1]), k
+
+
+def test_kth_smallest_is_exact_when_the_sample_misjudges_the_values():
+    """Values whose strided sample holds none of the large ones: the sample's threshold
+    keeps too few candidates, the threshold moves, and the last resort is a full sort;
+    the answer stays exact (and k outside 1..n is refused)."""
+    from fuseval.budget.metrics import kth_smallest
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(6400, generator=gen, dtype=torch.float64)
+    x[1::100] += 10.0                                    # 64 large values the stride-100 sample misses
+    x[2::100] = math.inf
+    x[::100] = 0.5                                       # the sample: all equal
+    ordered = x.sort().values
+    for k in (1, 10, 3000, 6300, 6336, 6337, 6390, 6400):
+        assert kth_smallest(x, k, select=True, sample=64) == float(ordered[k - 1]), k
+    for k in (0, 6401):
+        with pytest.raises(ValueError, match="k: expected"):
+            kth_smallest(x, k)
 
 
 def test_tolerance_used_is_infinite_when_a_required_element_is_not_finite():

@@ -446,8 +446,28 @@ def test_the_threaded_gate_is_not_used_where_it_cannot_help():
     assert parallel.by_operator(two, "cpu", isolated=True, jobs=2)
     assert not parallel.by_operator(one, "cpu", isolated=True, jobs=2)          # one operator: the pool
     assert not parallel.by_operator(two, "cpu", isolated=False, jobs=2)         # calls in this process
-    assert not parallel.by_operator(two, "cuda", isolated=True, jobs=2)
     assert not parallel.by_operator(two, "cpu", isolated=True, jobs=3)  # more processes than operators
+
+
+def test_one_gpu_runs_one_thread_per_operator_and_several_gpus_a_process_each(monkeypatch):
+    """On one GPU the operators' threads share it (a pool process would load its own CUDA
+    context and kernels); with a GPU for each job the pool gives each process its own."""
+    from fuseval.gate import parallel
+    a, b = (types.SimpleNamespace(op=op) for op in (OP, "residual_rmsnorm"))
+    two = [(a, "check"), (b, "check"), (a, "budget")]
+    monkeypatch.setattr(parallel, "_gpu_ids", lambda device: None)            # one GPU
+    assert parallel.default_jobs("cuda", 3, operators=2, isolated=True) == 2
+    assert parallel.default_jobs("cuda", 3, operators=2, isolated=False) == 1
+    assert parallel.default_jobs("cuda", 3, operators=1, isolated=True) == 1
+    assert parallel.by_operator(two, "cuda", isolated=True, jobs=2)
+    assert not parallel.by_operator(two, "cuda", isolated=False, jobs=2)
+    from fuseval.torch_flags import matmul_flags
+    with matmul_flags(tf32=True):       # another thread's block could turn it off under a reference
+        assert not parallel.by_operator(two, "cuda", isolated=True, jobs=2)
+        assert parallel.by_operator(two, "cpu", isolated=True, jobs=2)
+    monkeypatch.setattr(parallel, "_gpu_ids", lambda device: ["0", "1"])      # two GPUs
+    assert parallel.default_jobs("cuda", 3, operators=2, isolated=True) == 2
+    assert not parallel.by_operator(two, "cuda", isolated=True, jobs=2)
 
 
 def test_worker_key_does_not_change_when_the_working_folder_is_put_on_the_path(monkeypatch):
@@ -572,6 +592,20 @@ def test_warmup_takes_every_case_shape_of_check_and_budget_once(tmp_path):
         if dict(c.axes) not in want:
             want.append(dict(c.axes))
     assert [axes for _, _, axes in items] == want and all(op == OP for op, _, _ in items)
+    # two operators: their shapes taken in turn (the threaded gate starts both at once)
+    other = context("residual_rmsnorm", "torch", s)
+    mine = warmup.shapes([other])
+    both = warmup.shapes([ctx, other])
+    assert [op for op, _, _ in both[:4]] == [OP, "residual_rmsnorm"] * 2
+    assert [i for i in both if i[0] == OP] == items and [i for i in both if i[0] != OP] == mine
+    assert warmup.shapes([ctx], components=["check"]) == [(OP, "small", a) for a in want]
+    assert warmup.shapes([ctx], components=["properties"]) == []
+    # the plan: the first case shapes, then each operator's property run, then the rest
+    work = warmup.plan([ctx, other], ["check", "properties", "budget"], processes=3)
+    assert work[:3] == [("case", *i) for i in both[:3]]
+    assert work[3:5] == [("properties", OP, "ci", None), ("properties", "residual_rmsnorm", "ci", None)]
+    assert work[5:] == [("case", *i) for i in both[3:]]
+    assert all(k == "case" for k, *_ in warmup.plan([ctx, other], ["check", "budget"], processes=3))
     # nothing starts where it cannot help
     assert warmup.start([ctx], "torch", "cpu", "benchmark", isolated=True, progress=print) is None
     assert warmup.start([ctx], torch_eager, "cuda", "benchmark", isolated=True, progress=print) is None
@@ -596,13 +630,79 @@ def test_warmup_processes_call_each_shape_and_its_stage_taps(tmp_path, monkeypat
         "        f.write(f'staged {tuple(inputs[0].shape)}\\n')\n"
         "fn.staged = _staged\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    items = [(OP, "small", {"seq_len": 8, "batch_size": 1}), (OP, "small", {"seq_len": 16, "batch_size": 2}),
-             (OP, "small", {"seq_len": 32, "batch_size": 1})]
-    warm = warmup.spawn(items, "warm_mod:fn", "cpu", "benchmark", 2)
+    items = [("case", OP, "small", {"seq_len": 8, "batch_size": 1}),
+             ("case", OP, "small", {"seq_len": 16, "batch_size": 2}),
+             ("properties", OP, "ci", None),
+             ("case", OP, "small", {"seq_len": 32, "batch_size": 1})]
+    calls = []
+    monkeypatch.setattr("fuseval.properties.check_implementation",
+                        lambda op, impl, profile, device: calls.append((op, impl, profile, device)))
+    for item in items[2:3]:                       # the property run, here (spawned processes import afresh)
+        warmup._warm_one(item, "warm_mod:fn", "cpu", "benchmark")
+    assert calls == [(OP, "warm_mod:fn", "ci", "cpu")]
+    warm = warmup.spawn([i for i in items if i[0] == "case"], "warm_mod:fn", "cpu", "benchmark", 2)
     for p in warm.procs:
         p.join(120)
     assert len(warm.procs) == 2 and warm.done == 3
     lines = sorted(log.read_text().splitlines())
     assert lines == sorted(["call (1, 8, 64)", "staged (1, 8, 64)", "call (2, 16, 64)",
                             "call (1, 32, 64)", "staged (1, 32, 64)"]), lines
-    assert warm.stop() == "warm-up: 3 of 3 case shapes compiled beside the gate"
+    assert warm.stop().startswith("warm-up: 3 of 3 items compiled beside the gate, the last ")
+
+
+def test_matmul_flag_blocks_in_two_threads_restore_the_flags_they_found():
+    """Two threads' flag blocks never interleave their save and restore: after both, the
+    flags are as before (interleaved, the second block would restore the first's value)."""
+    import threading
+    from fuseval.torch_flags import matmul_flags
+    m = torch.backends.cuda.matmul
+    before = (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_fp16_reduced_precision_reduction)
+    inside = threading.Event()
+    seen = []
+
+    def second():
+        inside.wait()
+        with matmul_flags(tf32=False):
+            seen.append(m.allow_tf32)
+
+    t = threading.Thread(target=second)
+    t.start()
+    with matmul_flags(tf32=True, fp16_reduction=False):
+        inside.set()
+        t.join(0.2)                    # the second block waits for this one to end
+        assert t.is_alive() and m.allow_tf32 and not m.allow_fp16_reduced_precision_reduction
+    t.join()
+    assert seen == [False]
+    assert (m.allow_tf32, torch.backends.cudnn.allow_tf32, m.allow_fp16_reduced_precision_reduction) == before
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_each_operator_thread_queues_its_kernels_on_a_stream_of_its_own():
+    """The threaded gate on a GPU: each operator's thread has a CUDA stream of its own (on
+    the shared default stream one operator's kernels wait behind the other's), and a
+    result computed there is complete after the block."""
+    import threading
+    from fuseval.gate import parallel
+    seen, results = [], {}
+
+    def work(name):
+        with parallel._own_stream("cuda"):
+            seen.append(torch.cuda.current_stream().cuda_stream)
+            x = torch.full((1 << 20,), 2.0, device="cuda")
+            results[name] = x @ x
+    threads = [threading.Thread(target=work, args=(n,)) for n in "ab"]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    default = torch.cuda.default_stream().cuda_stream
+    assert len(set(seen)) == 2 and default not in seen
+    assert torch.cuda.current_stream().cuda_stream == default
+    assert float(results["a"]) == float(results["b"]) == 4.0 * (1 << 20)
+
+
+def test_the_threads_own_stream_is_nothing_on_the_cpu():
+    from fuseval.gate import parallel
+    with parallel._own_stream("cpu"):
+        assert torch.ones(3).sum() == 3

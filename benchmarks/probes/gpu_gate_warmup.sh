@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# One device call (2026-12-01, fifth session): the GPU gate of both fast paths with an
-# empty Triton cache and the warm-up (fuseval.gate.warmup), then again on that cache with
-# and without it. Outputs under $OUT. Usage: bash benchmarks/probes/gpu_gate_warmup.sh
+# One device call: the GPU gate of both fast paths, first with an empty Triton cache, then
+# again on that cache, once per RUN given as NAME:FLAGS (default: the warm-up comparison,
+# "cold: warm: warm_no_warmup:--no-warmup"; FLAGS may hold several options, joined by
+# '+'). Terminal output under $OUT/gate_NAME.txt, the reports under /tmp.
+# Usage: bash benchmarks/probes/gpu_gate_warmup.sh [RUN...]
 set -u
 OUT=${OUT:-session_out}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src
 export TRITON_CACHE_DIR=$(mktemp -d)
-for run in cold:"" warm:"" warm_no_warmup:--no-warmup; do
-    name=${run%%:*}; flag=${run#*:}
+runs=("$@")
+[ ${#runs[@]} -eq 0 ] && runs=(cold: warm: warm_no_warmup:--no-warmup)
+for run in "${runs[@]}"; do
+    name=${run%%:*}; flags=${run#*:}; flags=${flags//+/ }
     t0=$(date +%s)
-    python3 -m fuseval.cli gate --op all --impl fast --profile gpu --device cuda $flag --out "$OUT/gate_$name" \
+    python3 -m fuseval.cli gate --op all --impl fast --profile gpu --device cuda $flags --out "/tmp/gate_$name" \
         > "$OUT/gate_$name.txt" 2>&1
-    echo "$name rc=$? wall $(( $(date +%s) - t0 )) s: $(grep GATE "$OUT/gate_$name.txt")"
+    echo "$name ($flags) rc=$? wall $(( $(date +%s) - t0 )) s: $(grep GATE "$OUT/gate_$name.txt")"
     grep -E "^time |warm-up" "$OUT/gate_$name.txt" | cut -c1-200
 done

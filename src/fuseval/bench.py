@@ -57,6 +57,7 @@ from . import ops as _ops
 from .bench_render import plot_report, print_bench_report, write_outputs
 from .definitions import Definition
 from .report import fmt_number
+from .torch_flags import matmul_flags
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
            "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
@@ -257,12 +258,8 @@ def square_matmul(name: str, n: int, device: torch.device):
     out = torch.empty(n, n, device=device, dtype=dtype)
 
     def product():
-        old = torch.backends.cuda.matmul.allow_tf32
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        try:
+        with matmul_flags(tf32=tf32):
             torch.matmul(a, b, out=out)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32 = old
     return product
 
 

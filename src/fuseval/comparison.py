@@ -73,9 +73,9 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     # non-finite output the oracle does not have, and also a finite output where the oracle
     # is NaN/Inf (e.g. a NaN scale code decoded as some number silently repairs a value the
     # format defines as poisoned)
-    bad_nonfinite = int((~both & ~same_nonfinite).sum())
+    bad_nonfinite = (~both & ~same_nonfinite).sum()
     ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
-    all_zero = bool(o.numel()) and bool((o == 0).all()) and bool(((r != 0) & torch.isfinite(r)).any())
+    all_zero = (o == 0).all() & ((r != 0) & torch.isfinite(r)).any()
     return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
 
 
@@ -119,12 +119,12 @@ def _compare_sol(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str
     o = out.detach().to(torch.float32)
     r = ref.detach().to(device=o.device, dtype=torch.float32)
     o_fin, r_fin = torch.isfinite(o), torch.isfinite(r)
-    bad_nonfinite = int((~o_fin).sum()) + int((~r_fin).sum())
+    bad_nonfinite = (~o_fin).sum() + (~r_fin).sum()
     both = o_fin & r_fin
     diff = torch.where(both, (o - r).abs(), torch.full_like(o, math.inf))
     ok = both & (diff <= tol.atol + tol.rtol * r.abs())
-    all_zero = bool(torch.linalg.vector_norm(_finite_or_zero(r, r_fin)) > 0) \
-        and bool(torch.linalg.vector_norm(_finite_or_zero(o, o_fin)) == 0) and not bad_nonfinite
+    all_zero = (torch.linalg.vector_norm(_finite_or_zero(r, r_fin)) > 0) \
+        & (torch.linalg.vector_norm(_finite_or_zero(o, o_fin)) == 0) & (bad_nonfinite == 0)
     return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
 
 
@@ -138,14 +138,14 @@ def _compare_exact(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: s
         r_fin = torch.isfinite(r)
         r_int = torch.where(r_fin, r, torch.zeros((), dtype=r.dtype, device=r.device))
         ok = r_fin & (r_int == r_int.round()) & (o.to(torch.float64) == r_int.to(torch.float64))
-        bad_nonfinite = int((~r_fin).sum())
+        bad_nonfinite = (~r_fin).sum()
     else:
         r_fin = torch.ones_like(o, dtype=torch.bool)
         ok = o.to(torch.int64) == r.to(torch.int64)
         bad_nonfinite = 0
     o64, r64 = o.to(torch.float64), r.to(torch.float64)
     diff = torch.where(r_fin, (o64 - r64).abs(), torch.full_like(o64, math.inf))
-    all_zero = bool(o.numel()) and not bool(o.to(torch.bool).any()) and bool(((r64 != 0) & r_fin).any())
+    all_zero = ~o.to(torch.bool).any() & ((r64 != 0) & r_fin).any()
     m = _metrics(name, o64, r64, diff, ok, r_fin, bad_nonfinite, all_zero, tol)
     m.exact = True
     return m
@@ -166,17 +166,27 @@ def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
 
 
 def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> OutputMetrics:
-    """The summary of one comparison: error statistics and the reasons it fails."""
+    """The summary of one comparison: error statistics and the reasons it fails.
+    ``bad_nonfinite`` and ``all_zero`` may be tensors on the device: every number is read
+    from it in one copy (each read is a synchronisation on CUDA)."""
     numel = o.numel()
-    matched = float(ok.sum()) / numel if numel else 1.0
-    n_both = int(both.sum())
+    if numel == 0:
+        return OutputMetrics(name, 0.0, 0.0, 0.0, 1.0, 0, 0, False, True, [], None)
     finite_diff = _finite_or_zero(diff.to(torch.float64), both)      # >= 0 where both are finite
-    max_abs = float(finite_diff.max()) if n_both else 0.0
+    scalars = [ok.sum(), both.sum(), finite_diff.max(), finite_diff.sum(),
+               torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both)),
+               torch.linalg.vector_norm(finite_diff), torch.argmax(diff.flatten()),
+               torch.as_tensor(bad_nonfinite, device=o.device), torch.as_tensor(all_zero, device=o.device)]
+    # counts and the argmax index are below 2**53: exact in float64
+    (n_ok, n_both, max_abs, sum_abs, ref_norm, err_norm, worst_flat, bad_nonfinite,
+     all_zero) = torch.stack([t.to(torch.float64) for t in scalars]).tolist()
+    n_both, bad_nonfinite, all_zero = int(n_both), int(bad_nonfinite), bool(all_zero)
+    matched = n_ok / numel
+    if not n_both:
+        max_abs = sum_abs = ref_norm = err_norm = 0.0
     if bad_nonfinite:
         max_abs = math.inf
-    mean_abs = float(finite_diff.sum()) / n_both if n_both else 0.0
-    ref_norm = float(torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both))) if n_both else 0.0
-    err_norm = float(torch.linalg.vector_norm(finite_diff)) if n_both else 0.0
+    mean_abs = sum_abs / n_both if n_both else 0.0
     rel_l2 = err_norm / ref_norm if ref_norm > 0 else (0.0 if err_norm == 0 else math.inf)
     reasons = []
     if bad_nonfinite:
@@ -188,7 +198,7 @@ def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> Output
     if tol.max_abs_error is not None and max_abs > tol.max_abs_error:
         reasons.append("max_abs")
     # (torch.unravel_index would import sympy, seconds of CPU, on its first call)
-    worst = _unravel(int(torch.argmax(diff.flatten())), o.shape) if numel else None
+    worst = _unravel(int(worst_flat), o.shape)
     return OutputMetrics(name, max_abs, mean_abs, rel_l2, matched, numel, bad_nonfinite, all_zero,
                          not reasons, reasons, worst)
 

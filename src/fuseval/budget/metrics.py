@@ -163,30 +163,47 @@ def tolerance_use(out: torch.Tensor, ref: torch.Tensor, tol) -> float:
     return kth_smallest(ratio.flatten(), k)
 
 
-def kth_smallest(x: torch.Tensor, k: int, *, radix: bool | None = None) -> float:
-    """The k-th smallest (1-based) of a flat float64 tensor of values >= 0 (inf allowed).
+def kth_smallest(x: torch.Tensor, k: int, *, select: bool | None = None, sample: int = 1 << 20) -> float:
+    """The k-th smallest (1-based) of a flat float64 tensor (inf allowed, no NaN).
 
-    On CUDA ``torch.kthvalue`` selects within one slice on one thread block, which takes
-    seconds for the 10^8 elements of a full-size output; there, above a million elements
-    (or with ``radix=True``), the answer is found by a radix select on the bit patterns
-    (non-negative doubles order as their int64 bits): four passes, each counting the
-    candidates by their next 16 bits and keeping the bucket that holds the k-th; exact."""
-    if radix is None:
-        radix = x.device.type == "cuda" and x.numel() > 1 << 20
-    if not radix:
-        return float(x.kthvalue(k).values)
-    bits = x.reshape(-1).view(torch.int64)
-    prefix = 0                                   # the answer's bits above ``shift + 16``
-    for shift in (48, 32, 16, 0):
-        if shift != 48:
-            bits = bits[(bits >> (shift + 16)) == prefix]
-        cum = torch.bincount((bits >> shift) & 0xFFFF, minlength=1 << 16).cumsum(0)
-        digit = torch.searchsorted(cum, torch.tensor([k], device=cum.device, dtype=cum.dtype))
-        below = torch.where(digit > 0, cum[(digit - 1).clamp_min(0)], torch.zeros_like(digit))
-        d, b = torch.cat([digit, below]).tolist()          # one sync per pass
-        prefix = (prefix << 16) | d
-        k -= b
-    return float(torch.tensor(prefix, dtype=torch.int64).view(torch.float64))
+    On CUDA ``torch.kthvalue`` selects within one slice on one thread block: seconds for
+    the 10^8 elements of a full-size output. There (above 4096 elements, or with
+    ``select=True``) up to ``sample`` values are sorted. Beyond that, the answer is the
+    r-th value from its nearer end (r = n-k+1 from the top when k is in the upper half: a
+    tolerance's matched ratio asks for the 99th percentile or above). A strided
+    ``sample`` of the values, sorted, gives a threshold t with somewhat more than r
+    (scaled) sample values beyond it. When at least r of all values lie at or beyond t,
+    the answer is among them: the r-th of those few candidates, sorted. Otherwise (a
+    sample that misjudged the values) t moves fourfold further out, the last resort
+    being a sort of everything. Exact in every case; two reads from the device when the
+    sample judges right. (A radix select by ``torch.bincount`` on 16-bit digits measured
+    1.5 ms per pass on an H200: 65536 bins do not fit in shared memory, and values of one
+    magnitude contend for the same few.)"""
+    n = x.numel()
+    if not 1 <= k <= n:
+        raise ValueError(f"k: expected 1 <= k <= {n}, got {k}")
+    if select is None:
+        select = x.device.type == "cuda" and n > 1 << 12
+    flat = x.reshape(-1)
+    if not select:
+        return float(flat.kthvalue(k).values)
+    if n <= sample:
+        return float(flat.sort().values[k - 1])
+    upper = k > n // 2
+    r = n - k + 1 if upper else k                # rank from the nearer end
+    ordered = flat[::max(1, n // sample)].sort(descending=upper).values
+    s = ordered.numel()
+    expect = r * s / n                           # sample values expected beyond the answer
+    j = math.ceil(1.25 * expect + 4 * math.sqrt(expect) + 16)
+    while True:
+        j = min(s, j)
+        t = ordered[j - 1]
+        candidates = flat[flat >= t] if upper else flat[flat <= t]
+        if candidates.numel() >= r:
+            return float(candidates.sort(descending=upper).values[r - 1])
+        if j == s:
+            return float(flat.sort().values[k - 1])
+        j *= 4
 
 
 def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor], names: Sequence[str],

@@ -50,10 +50,10 @@ def add_arguments(p) -> None:
                    help="warn when less than this fraction of a rule's allowance is left (default: 0.5)")
     p.add_argument("--jobs", default="auto", type=_jobs,
                    help="components run side by side, this many at a time (default: one per CPU "
-                        "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own, else 1): "
-                        "on the CPU with at least as many operators as jobs, one thread per operator drives "
-                        "its implementation worker, otherwise a pool of processes; the report is the same as a "
-                        "serial run's")
+                        "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own; on one GPU "
+                        "one per operator when the implementation runs isolated, else 1): with at least as many "
+                        "operators as jobs and no GPU for each, one thread per operator drives its implementation "
+                        "worker, otherwise a pool of processes; the report is the same as a serial run's")
     p.add_argument("--no-warmup", action="store_true",
                    help="on CUDA, do not compile the implementation's kernels for the run's case shapes in "
                         "processes beside the gate (the warm-up changes no result)")

@@ -3,15 +3,16 @@ order, so that the report (and its verdict and exit code) is the same as a seria
 
 Two ways, chosen by :func:`by_operator`:
 
-* **One thread per operator** (:func:`run_operators`): on the CPU, with the implementation
-  isolated and at least as many operators (two or more) as ``jobs``. Each thread runs its
-  operator's components in turn, through the implementation worker that validating the
-  operator's context started. The costly part of a component, the implementation's calls
-  (the Triton interpreter), then runs in that worker process, so the operators' workers
-  keep the cores busy side by side. No pool process imports torch and starts a second
-  worker for an operator whose worker is already waiting. Measured on the 2-core CI
-  machine: the README's gate took 66 s wall on a pool of 2 processes and 57.8-58.7 s this
-  way (three runs, same interpreter).
+* **One thread per operator** (:func:`run_operators`): with the implementation isolated,
+  at least as many operators (two or more) as ``jobs``, and no GPU of its own for each
+  (the CPU, or one GPU). Each thread runs its operator's components in turn, through the
+  implementation worker that validating the operator's context started. The costly part
+  of a component then runs outside this process's interpreter lock: the implementation's
+  calls (the Triton interpreter on the CPU) in its worker process, and on a GPU the
+  oracles' and metrics' kernels, which torch runs with the lock released. No pool process
+  imports torch and starts a second worker (and CUDA context) for an operator whose worker
+  is already waiting. Measured on the 2-core CI machine: the README's gate took 66 s wall
+  on a pool of 2 processes and 57.8-58.7 s this way (three runs, same interpreter).
 * **A pool of processes** (:func:`run_units`) otherwise: each (operator, component) is a
   unit of work handed to a pool of ``jobs`` worker processes.
 
@@ -27,6 +28,7 @@ a queue, each prefixed as a serial run prefixes them (by operator and component)
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import pickle
@@ -49,17 +51,21 @@ _relay: Any = None      # the pool process's queue to the parent (set by _init)
 _contexts: dict[str, GateContext] = {}
 
 
-def default_jobs(device: str, units: int) -> int:
-    """Processes for ``units`` units of work: on the CPU one per core (at most 4: each also
-    starts an implementation worker); on CUDA one per GPU when the gate runs on "cuda" and
-    the machine has several (:func:`gpu_assignment`), else one (two processes sharing one
-    H200 measured no gain)."""
+def default_jobs(device: str, units: int, operators: int = 1, isolated: bool = False) -> int:
+    """Side-by-side jobs for ``units`` units of work over ``operators`` operators: on the
+    CPU one per core (at most 4: each also starts an implementation worker); on CUDA one
+    process per GPU when the gate runs on "cuda" and the machine has several
+    (:func:`gpu_assignment`); on one GPU one thread per operator when the implementation
+    is ``isolated`` (:func:`by_operator`), else one (two processes sharing one H200
+    measured no gain: each compiles and loads its own kernels and CUDA context)."""
     if units < 2:
         return 1
     if device == "cpu":
         return max(1, min(units, os.cpu_count() or 1, 4))
     gpus = _gpu_ids(device)
-    return min(units, len(gpus)) if gpus else 1
+    if gpus:
+        return min(units, len(gpus))
+    return operators if isolated and operators > 1 else 1
 
 
 def _gpu_ids(device: str) -> list[str] | None:
@@ -183,22 +189,57 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
 
 
 def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated: bool, jobs: int) -> bool:
-    """Whether :func:`run_operators` runs these units: on the CPU, the implementation in
-    worker processes (else its calls would share this process's interpreter lock, and one
-    thread would wait for the other), and at least as many operators as ``jobs``, each
-    thread then having an operator to itself (with more processes than operators, the
-    pool can also split one operator's components)."""
+    """Whether :func:`run_operators` runs these units: the implementation in worker
+    processes (else its calls would share this process's interpreter lock, and one thread
+    would wait for the other), at least as many operators as ``jobs`` (each thread then has
+    an operator to itself; with more processes than operators, the pool can also split one
+    operator's components), and no GPU of its own for each job (with one,
+    :func:`run_units` gives every pool process its own GPU). On a GPU also only while
+    TF32 is off (:mod:`fuseval.torch_flags`): the float32 references that the threads run
+    here would otherwise read TF32 on or off as another thread's block sets it."""
+    from ..torch_flags import tf32_is_off
     n = len({ctx.op for ctx, _ in units})
-    return device == "cpu" and isolated and n > 1 and n >= jobs
+    return (isolated and n > 1 and n >= jobs and gpu_assignment(device, jobs) is None
+            and (device == "cpu" or tf32_is_off()))
 
 
 # Hypothesis keeps per-test state in globals: two properties components never run at once
 _PROPERTIES_LOCK = threading.Lock()
 
 
+@contextlib.contextmanager
+def _own_stream(device: str):
+    """On CUDA, the calling thread's kernels on a CUDA stream of its own for the block
+    (torch's current stream is per thread). On the one default stream, the threads'
+    kernels run strictly in the order they were queued: a small kernel of one operator
+    waited behind the other's float64 GEMMs, and every read of a result behind both
+    (measured on an H200: op B's check took 18.6 s beside op A's, 6.7 s alone). The
+    stream first waits for what this process queued before; tensors travel to an
+    implementation worker with an event of the stream that wrote them (CUDA IPC), and the
+    worker synchronises before it answers, so its outputs are complete when read here."""
+    if not str(device).startswith("cuda"):
+        yield
+        return
+    import torch
+    dev = torch.device(device)
+    stream = torch.cuda.Stream(dev)
+    stream.wait_stream(torch.cuda.current_stream(dev))
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        stream.synchronize()
+
+
 def _run_operator(units: Sequence[tuple[GateContext, str]], idx: list[int], results: list) -> None:
-    """One operator's units, in their order, except that a properties component waits
-    while another thread runs one: the operator's next other unit goes first."""
+    """One operator's units, in their order (on a CUDA stream of their own:
+    :func:`_own_stream`), except that a properties component waits while another thread
+    runs one: the operator's next other unit goes first."""
+    with _own_stream(units[idx[0]][0].device):
+        _run_in_turn(units, idx, results)
+
+
+def _run_in_turn(units: Sequence[tuple[GateContext, str]], idx: list[int], results: list) -> None:
     from .runner import run_guarded
     pending = list(idx)
     while pending:

@@ -111,11 +111,12 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
     from ..isolation import isolates
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
+    isolated = isolates(options["impl"], s.isolate)
     if jobs == "auto":
-        jobs = parallel.default_jobs(s.device, len(units))
+        jobs = parallel.default_jobs(s.device, len(units), len({ctx.op for ctx, _ in units}), isolated)
     done: dict[tuple[str, str], ComponentResult] = {}
     if jobs > 1 and len(units) > 1 and isinstance(options["impl"], str):
-        if parallel.by_operator(units, s.device, isolates(options["impl"], s.isolate), jobs):
+        if parallel.by_operator(units, s.device, isolated, jobs):
             ran = parallel.run_operators(units, jobs)
         else:
             ran = parallel.run_units(units, options, min(jobs, len(units)), s.progress, s.device)
@@ -203,7 +204,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
         from ..isolation import isolates
         from . import warmup as _warmup
         warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
-                             isolated=isolates(impl, s.isolate), progress=s.progress)
+                             isolated=isolates(impl, s.isolate), progress=s.progress, components=chosen)
     try:
         results = _run_plan(plan, chosen, options, s, jobs)
     finally:

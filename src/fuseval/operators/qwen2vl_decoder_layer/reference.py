@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from ...definitions import load
 from ...refimpl import stages as st
+from ...torch_flags import matmul_flags
 
 NAME = "qwen2vl_decoder_layer"
 
@@ -173,39 +174,13 @@ torch_eager_hf_mrope = functools.partial(torch_eager, mrope_layout="hf")
 torch_eager_hf_mrope.__doc__ = "``torch_eager`` with HF Qwen2-VL's mRoPE layout (the ``hf_mrope`` variant)."
 
 
-class _Tf32:
-    """Within the block, float32 matmuls and convolutions use TF32 tensor cores or not."""
-
-    def __init__(self, enabled: bool):
-        self.enabled = enabled
-
-    def __enter__(self):
-        self.old = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = self.enabled
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self.old
-
-
 def torch_eager_tf32(*inputs, mrope_layout: str = "sol"):
     """``torch_eager`` with TF32 tensor-core matmuls (the SOL-ExecBench torch baseline)."""
-    with _Tf32(True):
+    with matmul_flags(tf32=True):
         return torch_eager(*inputs, mrope_layout=mrope_layout)
 
 
 torch_eager_tf32_hf_mrope = functools.partial(torch_eager_tf32, mrope_layout="hf")
-
-
-class _ExactFp16Reductions:
-    """Within the block, cuBLAS fp16 GEMMs accumulate in fp32 throughout (no fp16 split-K
-    reductions)."""
-
-    def __enter__(self):
-        self.old = torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
-
-    def __exit__(self, *exc):
-        torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = self.old
 
 
 def torch_eager_fp16(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
@@ -225,7 +200,7 @@ def torch_eager_fp16(hidden_states, input_layernorm_weight, q_proj_weight, q_pro
     inputs = (hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias, k_proj_weight, k_proj_bias,
               v_proj_weight, v_proj_bias, o_proj_weight, rope_cos, rope_sin, post_attention_layernorm_weight,
               gate_proj_weight, up_proj_weight, down_proj_weight, rms_norm_eps)
-    with _ExactFp16Reductions():
+    with matmul_flags(fp16_reduction=False):
         return _torch_layer(inputs, mrope_layout, linear, attention_dtype=half)
 
 
@@ -253,7 +228,7 @@ def sol_reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_b
         t = t.to(torch.float32)
         return w * (t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps))
 
-    with _Tf32(False):
+    with matmul_flags(tf32=False):
         x = hidden_states
         h = norm(x, input_layernorm_weight)
         q = _split_heads(F.linear(h, q_proj_weight, q_proj_bias), hq)
