@@ -443,6 +443,42 @@ def test_kth_smallest_is_exact_with_zeros_and_infinities(select):
         assert kth_smallest(x, k, select=select, sample=64) == float(ordered[k - 1]), k
 
 
+def _misjudged_values() -> torch.Tensor:
+    """6400 values whose stride-100 sample (64 values, all 0.5) holds none of the 128 large
+    ones: a sample-based threshold alone misjudges them."""
+    gen = torch.Generator().manual_seed(4)
+    x = torch.rand(6400, generator=gen, dtype=torch.float64)
+    x[1::100] += 10.0
+    x[2::100] = math.inf
+    x[::100] = 0.5
+    return x
+
+
+def _wrong_ranks(select, x: torch.Tensor) -> list[int]:
+    ordered = x.sort().values
+    return [k for k in (1, 10, 3000, 6300, 6336, 6337, 6390, 6400) if select(x, k) != float(ordered[k - 1])]
+
+
+def _trusts_the_sample(x, k):
+    """Mutant: the k-th smallest read off the sorted strided sample (no count of the
+    candidates beyond its threshold)."""
+    ordered = x[::100].sort().values
+    return float(ordered[min(len(ordered) - 1, (k - 1) * len(ordered) // x.numel())])
+
+
+def _rank_off_by_one(x, k):
+    """Mutant: the select asked for the rank below."""
+    from fuseval.budget.metrics import kth_smallest
+    return kth_smallest(x, max(1, k - 1), select=True, sample=64)
+
+
+@pytest.mark.parametrize("mutant", [_rank_off_by_one, _trusts_the_sample])
+def test_kth_smallest_exactness_check_rejects_broken_selects(mutant):
+    """The rank check of the next test fails a select that is off by one rank or answers
+    from the sample alone."""
+    assert _wrong_ranks(mutant, _misjudged_values())
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_kth_smallest_on_cuda_takes_the_select_and_is_exact():
@@ -464,14 +500,8 @@ def test_kth_smallest_is_exact_when_the_sample_misjudges_the_values():
     keeps too few candidates, the threshold moves, and the last resort is a full sort;
     the answer stays exact (and k outside 1..n is refused)."""
     from fuseval.budget.metrics import kth_smallest
-    gen = torch.Generator().manual_seed(4)
-    x = torch.rand(6400, generator=gen, dtype=torch.float64)
-    x[1::100] += 10.0                                    # 64 large values the stride-100 sample misses
-    x[2::100] = math.inf
-    x[::100] = 0.5                                       # the sample: all equal
-    ordered = x.sort().values
-    for k in (1, 10, 3000, 6300, 6336, 6337, 6390, 6400):
-        assert kth_smallest(x, k, select=True, sample=64) == float(ordered[k - 1]), k
+    x = _misjudged_values()
+    assert _wrong_ranks(lambda v, k: kth_smallest(v, k, select=True, sample=64), x) == []
     for k in (0, 6401):
         with pytest.raises(ValueError, match="k: expected"):
             kth_smallest(x, k)
