@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
 from .definitions import TensorSpec, Tolerance
 from .inputs import exact_dtype
 
-__all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION"]
+__all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION",
+           "read_scalars"]
 
 # "fuseval": float64 comparison, a NaN both sides have by construction may match;
 # "sol": the benchmark's evaluator (float32 comparison, any NaN/Inf on either side fails)
@@ -151,6 +152,13 @@ def _compare_exact(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: s
     return m
 
 
+def read_scalars(values: Sequence[Any], device: torch.device) -> list[float]:
+    """0-dim tensors (or Python numbers) as float64 numbers, read from ``device`` in one
+    copy: each read is a synchronisation on CUDA. Counts and indices below 2**53 come back
+    exact."""
+    return torch.stack([torch.as_tensor(v, device=device).to(torch.float64) for v in values]).tolist()
+
+
 def _finite_or_zero(t: torch.Tensor, finite: torch.Tensor) -> torch.Tensor:
     """``t`` with the elements outside ``finite`` zeroed: what reductions over the finite
     elements need, without a boolean-mask gather (which is slow on the CPU)."""
@@ -168,18 +176,15 @@ def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
 def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> OutputMetrics:
     """The summary of one comparison: error statistics and the reasons it fails.
     ``bad_nonfinite`` and ``all_zero`` may be tensors on the device: every number is read
-    from it in one copy (each read is a synchronisation on CUDA)."""
+    from it in one copy (:func:`read_scalars`)."""
     numel = o.numel()
     if numel == 0:
         return OutputMetrics(name, 0.0, 0.0, 0.0, 1.0, 0, 0, False, True, [], None)
     finite_diff = _finite_or_zero(diff.to(torch.float64), both)      # >= 0 where both are finite
-    scalars = [ok.sum(), both.sum(), finite_diff.max(), finite_diff.sum(),
-               torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both)),
-               torch.linalg.vector_norm(finite_diff), torch.argmax(diff.flatten()),
-               torch.as_tensor(bad_nonfinite, device=o.device), torch.as_tensor(all_zero, device=o.device)]
-    # counts and the argmax index are below 2**53: exact in float64
-    (n_ok, n_both, max_abs, sum_abs, ref_norm, err_norm, worst_flat, bad_nonfinite,
-     all_zero) = torch.stack([t.to(torch.float64) for t in scalars]).tolist()
+    (n_ok, n_both, max_abs, sum_abs, ref_norm, err_norm, worst_flat, bad_nonfinite, all_zero) = read_scalars(
+        [ok.sum(), both.sum(), finite_diff.max(), finite_diff.sum(),
+         torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both)),
+         torch.linalg.vector_norm(finite_diff), torch.argmax(diff.flatten()), bad_nonfinite, all_zero], o.device)
     n_both, bad_nonfinite, all_zero = int(n_both), int(bad_nonfinite), bool(all_zero)
     matched = n_ok / numel
     if not n_both:

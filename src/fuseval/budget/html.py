@@ -51,9 +51,9 @@ def _log_scale(ax, *, x: bool = False, y: bool = False) -> None:
     minor ticks of a span too short for two labels): matplotlib's default log labels are
     mathtext, whose layout took a large share of a page's rendering time."""
     from matplotlib.ticker import LogFormatter
-    for on, axis, base in ((x, ax.xaxis, 2), (y, ax.yaxis, 10)):
+    for on, set_scale, axis, base in ((x, ax.set_xscale, ax.xaxis, 2), (y, ax.set_yscale, ax.yaxis, 10)):
         if on:
-            (ax.set_xscale if axis is ax.xaxis else ax.set_yscale)("log", base=base)
+            set_scale("log", base=base)
             axis.set_major_formatter(LogFormatter(base=base))
             axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False))
 

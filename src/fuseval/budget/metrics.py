@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ..comparison import read_scalars
 from ..precision import dtype_precision, ulp
 
 __all__ = ["error_metrics", "final_metrics", "storage_precision", "tolerance_use", "kth_smallest", "HIST_EDGES", "METRICS",
@@ -68,9 +69,8 @@ def storage_precision(t: torch.Tensor) -> str:
     bits = t.detach().contiguous().view(torch.int32)
     nonzero = torch.isfinite(t) & (t != 0)
     # the count and both grid tests in one device-to-host read (no compaction of the values)
-    count, on_bf16, on_tf32 = torch.stack([
-        nonzero.sum(), (((bits & 0xFFFF) == 0) | ~nonzero).all().to(torch.int64),
-        (((bits & 0x1FFF) == 0) | ~nonzero).all().to(torch.int64)]).tolist()
+    count, on_bf16, on_tf32 = read_scalars([nonzero.sum(), (((bits & 0xFFFF) == 0) | ~nonzero).all(),
+                                            (((bits & 0x1FFF) == 0) | ~nonzero).all()], t.device)
     if count < 64:
         return "float32"
     if on_bf16:
@@ -114,13 +114,12 @@ def error_metrics(value: torch.Tensor, oracle: torch.Tensor, precision: str, *,
         d, rb = diff[both], r[both].abs()
     del diff
     e_ulp = d / ulp(rb, precision)
-    # every scalar read in one device-to-host copy (each read is a sync on CUDA)
+    # every scalar read in one device-to-host copy
     if d.numel():
         scalars = [d.max(), rb.max(), torch.linalg.vector_norm(rb), torch.linalg.vector_norm(d), e_ulp.max()]
     else:
-        scalars = [d.new_zeros(())] * 5
-    values = torch.stack([t.to(torch.float64) for t in scalars + [bad]])
-    max_abs, scale, ref_norm, err_norm, ulp_max, nonfinite = values.tolist()
+        scalars = [0.0] * 5
+    max_abs, scale, ref_norm, err_norm, ulp_max, nonfinite = read_scalars(scalars + [bad], r.device)
     nonfinite = int(nonfinite)
     del rb
     med, p99 = _quantiles(e_ulp, (0.5, 0.99))

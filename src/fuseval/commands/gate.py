@@ -55,8 +55,8 @@ def add_arguments(p) -> None:
                         "operators as jobs and no GPU for each, one thread per operator drives its implementation "
                         "worker, otherwise a pool of processes; the report is the same as a serial run's")
     p.add_argument("--no-warmup", action="store_true",
-                   help="on CUDA, do not compile the implementation's kernels for the run's case shapes in "
-                        "processes beside the gate (the warm-up changes no result)")
+                   help="on CUDA, do not compile the implementation's kernels for the run's case shapes and "
+                        "properties in processes beside the gate (the warm-up changes no result)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 

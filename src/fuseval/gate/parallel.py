@@ -213,7 +213,7 @@ def _own_stream(device: str):
     (torch's current stream is per thread). On the one default stream, the threads'
     kernels run strictly in the order they were queued: a small kernel of one operator
     waited behind the other's float64 GEMMs, and every read of a result behind both
-    (measured on an H200: op B's check took 18.6 s beside op A's, 6.7 s alone). The
+    (measured on an H200: op B's check took 18.6-19.6 s beside op A's, 6.7 s alone). The
     stream first waits for what this process queued before; tensors travel to an
     implementation worker with an event of the stream that wrote them (CUDA IPC), and the
     worker synchronises before it answers, so its outputs are complete when read here."""

@@ -106,7 +106,8 @@ def _check_jobs(jobs: Any) -> None:
 
 
 def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) -> list[ComponentResult]:
-    """Every component of the plan, in the plan's order: serially, or in ``jobs`` processes."""
+    """Every component of the plan, in the plan's order: serially, or ``jobs`` at a time
+    (:mod:`fuseval.gate.parallel`: a thread per operator, or a pool of processes)."""
     from . import parallel
     from ..isolation import isolates
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
@@ -175,13 +176,14 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
     trusts it and runs it in this process. ``jobs``: components run side by side, ``jobs``
     at a time (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on the
-    CPU, one per GPU on a machine with several, else 1; default 1, serial): on the CPU,
-    isolated, with at least as many operators as jobs, one thread per operator drives that
-    operator's worker; otherwise a pool of processes. The report is the same as a serial run's, in
-    the same order. An implementation given as a callable runs serially. ``warmup``: on
-    CUDA, a few processes compile the implementation's kernels for the run's case shapes
-    beside it (:mod:`fuseval.gate.warmup`; it changes no result, only how soon the
-    kernels are in Triton's cache).
+    CPU, one per GPU on a machine with several, one per operator on one GPU when isolated,
+    else 1; default 1, serial): isolated, with at least as many operators as jobs and no
+    GPU for each, one thread per operator drives that operator's worker; otherwise a pool
+    of processes. The report is the same as a serial run's, in the same order. An
+    implementation given as a callable runs serially. ``warmup``: on CUDA, a few processes
+    compile the implementation's kernels for the run's case shapes and properties beside
+    it (:mod:`fuseval.gate.warmup`; it changes no result, only how soon the kernels are in
+    Triton's cache).
 
     Raises :class:`~fuseval.errors.FusevalError` for bad input to the gate itself (unknown
     operator, profile or component, an implementation that does not import, no CUDA

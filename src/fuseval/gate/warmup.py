@@ -49,8 +49,7 @@ def shapes(contexts: Sequence[Any], components: Sequence[str] = ("check", "budge
                     seen.add(key)
                     out.append((ctx.op, config, dict(case.axes)))
         per_op.append(out)
-    return [item for k in range(max(map(len, per_op), default=0)) for items in per_op if k < len(items)
-            for item in [items[k]]]
+    return [items[k] for k in range(max(map(len, per_op), default=0)) for items in per_op if k < len(items)]
 
 
 def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> list[tuple]:
@@ -69,6 +68,7 @@ def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> 
 
 
 def _warm_one(item: tuple, impl: str, device: str, mode: str) -> None:
+    """One item of :func:`plan`: a case shape's calls, or an operator's property checks."""
     import torch
     from ..definitions import load
     from ..inputs import generate_inputs
@@ -114,11 +114,11 @@ def _warm(items: list[tuple], impl: str, device: str, mode: str, path: list[str]
 class Warmup:
     """The running warm-up processes of one gate run."""
 
-    def __init__(self, procs: list, total: int, shared: tuple):
+    def __init__(self, procs: list, total: int, shared: tuple):   # (taken, done, last finished at)
         # the shared values live as long as this object: a process that starts after
         # they are collected cannot attach to their locks
         self.procs, self.total, self._shared = procs, total, shared
-        _taken, self._done, self._last = shared
+        self._done, self._last = shared[1:]
         self.started = time.time()
 
     @property
@@ -158,7 +158,7 @@ def start(contexts: Sequence[Any], impl: Any, device: str, mode: str, *, isolate
     return warm
 
 
-def spawn(items: list[tuple[str, Any, dict]], impl: str, device: str, mode: str, n: int) -> Warmup:
+def spawn(items: list[tuple], impl: str, device: str, mode: str, n: int) -> Warmup:
     """``n`` processes sharing ``items``: each takes the next one no process has taken."""
     n = max(1, min(n, len(items)))
     ctx = multiprocessing.get_context("spawn")
