@@ -3,7 +3,7 @@ shared memory, registers, spills and wgmma count (benchmarks/sm90_compile.py's s
 driver and report): the in-loop decode kernel, the predecoded-weight (dense) kernel and
 the predecode kernel, for the given configs.
 
-    PYTHONPATH=src python3 benchmarks/probes/nvfp4_sm90_compile.py [--dense '256,64,4;128,64,4'] [--decode '256,64,4'] [--dense-streamk '256,64,4']
+    PYTHONPATH=src python3 benchmarks/probes/nvfp4_sm90_compile.py [--dense '256,64,4;128,64,4'] [--decode '256,64,4']
 
 Configs are 'BM,BK,STAGES[,HEADS_PER_TILE]'.
 """
@@ -23,7 +23,6 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dense", default="256,64,4;256,64,3;128,64,4")
     ap.add_argument("--decode", default="256,64,4")
-    ap.add_argument("--dense-streamk", default="256,64,4;128,64,6")
     ap.add_argument("--tokens", type=int, default=512)
     args = ap.parse_args()
     C._install_driver()
@@ -60,14 +59,6 @@ def main() -> None:
             desc(x, bm, bk), cs, cs, codes, scales, codes, scales, codes, scales, x, 1.0, 1.0, 1.0,
             nw, nw, 1e-6, out, out, out, m, m, K=hidden, HQ=hq, HKV=hkv, BM=bm, BK=bk, STAGES=stages,
             HPT=hpt, W_AS_A=True, GS_FROM_PTR=False, num_warps=8, grid=(1,)))
-    for text in filter(None, args.dense_streamk.split(";")):
-        bm, bk, stages = [int(v) for v in text.split(",")]
-        ws = torch.zeros(1, dtype=torch.float32)
-        cnt = torch.zeros(1, dtype=torch.int32)
-        C._compile_and_report("dense-sk", text, lambda: G.nvfp4_qkv_rope_gluon_dense_streamk_kernel.warmup(
-            desc(x, bm, bk), desc(w, 128, bk), cs, cs, x, 1.0, 1.0, 1.0, nw, nw, 1e-6, out, out, out, ws, cnt,
-            m, m, 3072, 48, 2, K=hidden, HQ=hq, HKV=hkv, BM=bm, BK=bk, STAGES=stages, GS_FROM_PTR=False,
-            num_warps=8, grid=(1,)))
     from fuseval.operators.nvfp4_qkv_rope import _quant as Q
     x16 = x.view(torch.int16)
     C._compile_and_report("amax+pre", "32x128", lambda: Q._amax_and_predecode_kernel.warmup(

@@ -3,26 +3,15 @@ time beside the production one (``--impls fast,nvfp4_tables:decode256,...`` with
 folder on PYTHONPATH). Each is ``fast.variant(...)``: the W4A4 forward with those options.
 
 Config labels 'BM,BK,WARPS,STAGES,flags' (``KernelConfig.parse``): ``a`` transposed product,
-``g`` Gluon kernel, ``p`` weights predecoded to bf16 once per call and read by TMA, ``s``
-that kernel scheduled stream-K over the SMs.
+``g`` Gluon kernel, ``p`` weights predecoded to bf16 once per call and read by TMA.
 """
 from __future__ import annotations
 
 from fuseval.operators.nvfp4_qkv_rope import fast
 
-def _stream_k_up_to(tokens: int, label: str = "128,64,8,4,a,g,p,s") -> tuple:
-    """The production table with the stream-K in-loop decode kernel up to ``tokens``."""
-    rows = [(tokens, fast.KernelConfig.parse(label))]
-    rows += [(bound, cfg) for bound, cfg in fast.H200_TABLE if bound > tokens]
-    return tuple(rows)
-
-
 CANDIDATES = {
     "decode256": dict(config="256,64,8,4,a,g"),         # the in-loop decode (production until 2026-12-01)
     "p256s4": dict(config="256,64,8,4,a,g,p"),
-    "sk512": dict(config=_stream_k_up_to(512)),
-    "sk1024": dict(config=_stream_k_up_to(1024)),
-    "sk1024b256": dict(config=_stream_k_up_to(1024, "256,64,8,4,a,g,p,s")),
     "p128s6": dict(config="128,64,8,6,a,g,p"),
     "p128s3": dict(config="128,64,8,3,a,g,p"),       # 96 KB of shared memory: two programs per SM
     # the production table with the predecode as a launch of its own

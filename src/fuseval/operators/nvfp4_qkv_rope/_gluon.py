@@ -38,7 +38,6 @@ decides. Where the time goes, and what was tried: docs/design/nvfp4_qkv_rope.md.
 """
 from __future__ import annotations
 
-import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -262,14 +261,6 @@ def nvfp4_qkv_rope_gluon_kernel(
 
 
 @gluon.jit
-def _owner(step, P, TOTAL):
-    """The program whose K-step range holds global step ``step``: program p runs steps
-    [p * TOTAL // P, (p + 1) * TOTAL // P), so the owner is the largest p with
-    p * TOTAL // P <= step, i.e. ceil((step + 1) * P / TOTAL) - 1."""
-    return ((step + 1) * P + TOTAL - 1) // TOTAL - 1
-
-
-@gluon.jit
 def nvfp4_qkv_rope_gluon_dense_kernel(
         x_desc, w_desc, cos_ptr, sin_ptr,
         gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
@@ -324,108 +315,6 @@ def nvfp4_qkv_rope_gluon_dense_kernel(
               q_out, k_out, v_out, M, S, HQ, HKV, BM, HPT, GS_FROM_PTR, 1.0, num_warps)
 
 
-@gluon.jit
-def nvfp4_qkv_rope_gluon_dense_streamk_kernel(
-        x_desc, w_desc, cos_ptr, sin_ptr,
-        gs_ptr, gs_q, gs_k, gs_v, qn_ptr, kn_ptr, eps,
-        q_out, k_out, v_out, ws_ptr, count_ptr, M, S, TOTAL, TILES, SEGS,
-        K: gl.constexpr, HQ: gl.constexpr, HKV: gl.constexpr,
-        BM: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-        GS_FROM_PTR: gl.constexpr, num_warps: gl.constexpr):
-    """The predecoded-weight kernel scheduled stream-K, for calls with few tiles.
-
-    The work, TOTAL = TILES x NK K steps (a tile: BM tokens x one head), is laid end to end
-    and cut into one equal range per program (one program per SM), so that every SM runs
-    the same number of steps whatever the tile count. A range crosses tile boundaries;
-    each piece is a segment, and each tile is finished (partials added, epilogue) by the
-    program holding its last K steps, which holds the tile's first segment of its range.
-    Segments run from the range's end to its start, so a program first publishes the
-    partial sums it owes to other programs' tiles (acc^T [128, BM] fp32 into workspace
-    slot ws[p, j], then a release increment of the tile's counter) and finishes its own
-    tile last, waiting on the counter for the partials of the programs before it.
-
-    No deadlock: programs take their range by a ticket drawn when they start, so a
-    program only waits for programs that started before it, and those never wait for a
-    later one. The partials are added in program order: the same sum on every run.
-    Memory order: a partial's stores precede the CTA barrier and the release increment;
-    the finisher's acquire read of the counter precedes its loads (through L2, ``.cg``)."""
-    BN: gl.constexpr = 128
-    NK: gl.constexpr = K // BK
-    NT: gl.constexpr = HQ + 2 * HKV
-    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BM, 16])
-    P = gl.num_programs(0)
-    p = gl.atomic_add(count_ptr + TILES, 1, sem="relaxed", scope="gpu")     # the ticket
-    start = p * TOTAL // P
-    end = (p + 1) * TOTAL // P
-    first_tile = start // NK
-
-    NBYTES: gl.constexpr = x_desc.block_type.nbytes + w_desc.block_type.nbytes
-    # a partial's offsets within its workspace slot, in the accumulator's own layout
-    ws_rows = gl.arange(0, BN, layout=gl.SliceLayout(1, MMA))
-    ws_cols = gl.arange(0, BM, layout=gl.SliceLayout(0, MMA))
-    ws_offs = gl.expand_dims(ws_rows, 1) * BM + gl.expand_dims(ws_cols, 0)
-
-    seg_end = end
-    while seg_end > start:
-        tile = (seg_end - 1) // NK
-        k0 = gl.maximum(tile * NK, start) - tile * NK
-        n = seg_end - tile * NK - k0
-        h = tile % NT
-        off_m = (tile // NT) * BM
-        row0 = h * 128
-        # ---- the dense kernel's K loop over the segment's steps k0 .. k0 + n. The ring is
-        # allocated per segment: dead during the epilogue, its shared memory is the
-        # epilogue's layout-conversion scratch (both together do not fit at BM = 256)
-        x_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BM, BK], x_desc.layout)
-        w_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, BK], w_desc.layout)
-        bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        for i in gl.static_range(STAGES):
-            mbarrier.init(bars.index(i), count=1)
-        for i in gl.static_range(STAGES - 1):
-            if i < n:
-                slot = i
-                mbarrier.expect(bars.index(slot), NBYTES)
-                tma.async_copy_global_to_shared(x_desc, [off_m, (k0 + i) * BK], bars.index(slot), x_smem.index(slot))
-                tma.async_copy_global_to_shared(w_desc, [row0, (k0 + i) * BK], bars.index(slot), w_smem.index(slot))
-        acc = gl.zeros([BN, BM], gl.float32, layout=MMA)
-        for kk in range(n):
-            slot = kk % STAGES
-            mbarrier.wait(bars.index(slot), phase=(kk // STAGES) & 1)
-            acc = warpgroup_mma(w_smem.index(slot), x_smem.index(slot).permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
-            gl.thread_barrier()
-            nxt = kk + STAGES - 1
-            if nxt < n:
-                refill = nxt % STAGES
-                mbarrier.expect(bars.index(refill), NBYTES)
-                tma.async_copy_global_to_shared(x_desc, [off_m, (k0 + nxt) * BK], bars.index(refill),
-                                                x_smem.index(refill))
-                tma.async_copy_global_to_shared(w_desc, [row0, (k0 + nxt) * BK], bars.index(refill),
-                                                w_smem.index(refill))
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        for i in gl.static_range(STAGES):
-            mbarrier.invalidate(bars.index(i))
-        # ---- finish the tile, or publish the partial for the program that will
-        q_first = _owner(tile * NK, P, TOTAL)
-        if p == _owner(tile * NK + NK - 1, P, TOTAL):
-            if q_first < p:
-                seen = gl.atomic_add(count_ptr + tile, 0, sem="acquire", scope="gpu")
-                while seen < p - q_first:
-                    seen = gl.atomic_add(count_ptr + tile, 0, sem="acquire", scope="gpu")
-                for q in range(q_first, p):
-                    q_slot = q * SEGS + (tile - (q * TOTAL // P) // NK)
-                    acc += gl.load(ws_ptr + q_slot.to(gl.int64) * (BN * BM) + ws_offs, cache_modifier=".cg")
-            _epilogue(gl.permute(acc, (1, 0)), h, off_m, cos_ptr, sin_ptr, gs_ptr, gs_q, gs_k, gs_v, qn_ptr,
-                      kn_ptr, eps, q_out, k_out, v_out, M, S, HQ, HKV, BM, 1, GS_FROM_PTR, 1.0, num_warps)
-        else:
-            slot = p * SEGS + (tile - first_tile)
-            gl.store(ws_ptr + slot.to(gl.int64) * (BN * BM) + ws_offs, acc)
-            gl.thread_barrier()
-            gl.atomic_add(count_ptr + tile, 1, sem="release", scope="gpu")
-        seg_end -= n
-
-
 def _x_descriptor(x2d, block_m: int, block_k: int):
     layout = gl.NVMMASharedLayout.get_default_for([block_m, block_k], gl.bfloat16)
     return TensorDescriptor.from_tensor(x2d, [block_m, block_k], layout)
@@ -456,41 +345,4 @@ def launch_dense(x2d, cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, eps, outs
         _x_descriptor(x2d, block_m, block_k), w_desc, cos, sin, *gs_args, qn, kn, float(eps),
         outs[0], outs[1], outs[2], m, seq,
         K=x2d.shape[1], HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages, HPT=heads_per_tile,
-        GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)
-
-
-def streamk_programs(m: int, block_m: int, block_k: int, hidden: int, hq: int, hkv: int, sms: int):
-    """(programs, total K steps, segments per program at most) of the stream-K launch: one
-    program per SM, or one per step where there are fewer steps."""
-    total = triton.cdiv(m, block_m) * (hq + 2 * hkv) * (hidden // block_k)
-    programs = min(sms, total)
-    per_program = triton.cdiv(total, programs)
-    nk = hidden // block_k
-    return programs, total, triton.cdiv(per_program - 1, nk) + 1
-
-
-def launch_dense_streamk(x2d, cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, eps, outs, m, seq, hq, hkv, *,
-                         block_m: int, block_k: int, stages: int, num_warps: int = 8, counts=None,
-                         programs: int | None = None):
-    """The predecoded-weight kernel, stream-K: ``programs`` (default one per SM) share the
-    tiles' K steps. The workspace of partial sums and the counters (one per tile, then the
-    ticket) are allocated per call (the counters zeroed: a launch of its own), so that calls
-    on different streams never share them. ``counts``: int32 [tiles + 1] counters to use
-    instead (they must be zero for a correct result)."""
-    hidden = x2d.shape[1]
-    sms = programs or torch.cuda.get_device_properties(x2d.device).multi_processor_count
-    n_programs, total, segs = streamk_programs(m, block_m, block_k, hidden, hq, hkv, sms)
-    tiles = triton.cdiv(m, block_m) * (hq + 2 * hkv)
-    ws = torch.empty(n_programs * segs * 128 * block_m, dtype=torch.float32, device=x2d.device)
-    if counts is None:
-        counts = torch.zeros(tiles + 1, dtype=torch.int32, device=x2d.device)
-    elif counts.dtype != torch.int32 or counts.numel() != tiles + 1 or counts.device != x2d.device:
-        raise ValueError(f"launch_dense_streamk: counts must be int32 [{tiles + 1}] on {x2d.device}, got "
-                         f"{counts.dtype} [{counts.numel()}] on {counts.device}")
-    w_layout = gl.NVMMASharedLayout.get_default_for([128, block_k], gl.bfloat16)
-    w_desc = TensorDescriptor.from_tensor(w_dense, [128, block_k], w_layout)
-    nvfp4_qkv_rope_gluon_dense_streamk_kernel[(n_programs,)](
-        _x_descriptor(x2d, block_m, block_k), w_desc, cos, sin, *gs_args, qn, kn, float(eps),
-        outs[0], outs[1], outs[2], ws, counts, m, seq, total, tiles, segs,
-        K=hidden, HQ=hq, HKV=hkv, BM=block_m, BK=block_k, STAGES=stages,
         GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)

@@ -36,10 +36,7 @@ class KernelConfig:
     ``heads_per_tile`` 2: one N tile spans two heads; ``gluon``: on Hopper, the Gluon kernel
     (``_gluon.py``) where it applies, with ``num_stages`` x-tile slots; ``predecode``: the
     weights decoded once per call into a bf16 copy that the GEMM reads as a dense operand
-    (by TMA in the Gluon kernel), instead of being decoded in every K step of every tile;
-    ``stream_k`` (the Gluon kernel on predecoded weights): the tiles' K steps cut into one
-    equal range per SM, a tile's partial sums added by the program holding its last steps
-    (for calls with few tiles)."""
+    (by TMA in the Gluon kernel), instead of being decoded in every K step of every tile."""
     block_m: int
     block_k: int
     num_warps: int = 8
@@ -48,9 +45,8 @@ class KernelConfig:
     heads_per_tile: int = 1
     gluon: bool = False
     predecode: bool = False
-    stream_k: bool = False
 
-    _FLAGS = {"a": "w_as_a", "g": "gluon", "p": "predecode", "s": "stream_k"}
+    _FLAGS = {"a": "w_as_a", "g": "gluon", "p": "predecode"}
 
     def __post_init__(self):
         if self.block_k % 16 or self.block_k < 16 or self.block_m < 16:
@@ -58,21 +54,18 @@ class KernelConfig:
                              f"got block_m={self.block_m}, block_k={self.block_k}")
         if self.heads_per_tile not in (1, 2):
             raise ValueError(f"kernel config: heads_per_tile must be 1 or 2, got {self.heads_per_tile}")
-        if self.stream_k and not (self.gluon and self.predecode and self.w_as_a and self.heads_per_tile == 1):
-            raise ValueError(f"kernel config: stream_k is a schedule of the Gluon kernel on predecoded weights "
-                             f"(flags 'a', 'g' and 'p', one head per tile), got {self.label()!r}")
 
     @classmethod
     def parse(cls, text: str) -> "KernelConfig":
-        """A config from its label 'BM,BK,WARPS,STAGES[,a][,h2][,g][,p][,s]' (``a``: W as the A
+        """A config from its label 'BM,BK,WARPS,STAGES[,a][,h2][,g][,p]' (``a``: W as the A
         operand; ``h2``: two heads per tile; ``g``: the Gluon kernel; ``p``: predecoded
-        weights; ``s``: stream-K), e.g. '128,64,8,3,a' or '256,64,8,4,a,g,p'."""
+        weights), e.g. '128,64,8,3,a' or '256,64,8,4,a,g,p'."""
         parts = [p.strip() for p in text.split(",") if p.strip()]
         flags = parts[4:]
         known = set(cls._FLAGS) | {"h1", "h2"}
         if len(parts) < 4 or any(f not in known for f in flags) or len(set(flags)) != len(flags) \
                 or not all(p.isdigit() for p in parts[:4]):
-            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2][,g][,p][,s]', got {text!r}")
+            raise ValueError(f"kernel config must be 'BM,BK,WARPS,STAGES[,a][,h2][,g][,p]', got {text!r}")
         return cls(int(parts[0]), int(parts[1]), int(parts[2]), int(parts[3]),
                    heads_per_tile=2 if "h2" in flags else 1,
                    **{attr: flag in flags for flag, attr in cls._FLAGS.items()})
@@ -374,11 +367,7 @@ def gemm(inputs, *, mode: int, table: TileTable | None, mutant: int = 0, check_v
         cfg = p.gluon
         common = dict(block_m=cfg.block_m, block_k=cfg.block_k, stages=cfg.num_stages,
                       heads_per_tile=p.consts["HPT"], num_warps=cfg.num_warps)
-        if cfg.stream_k:
-            _gluon.launch_dense_streamk(x.view(p.m, -1), cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, eps,
-                                        result, p.m, p.s, p.hq, p.hkv, block_m=cfg.block_m, block_k=cfg.block_k,
-                                        stages=cfg.num_stages, num_warps=cfg.num_warps)
-        elif p.predecode:
+        if p.predecode:
             _gluon.launch_dense(x.view(p.m, -1), cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, eps,
                                 result, p.m, p.s, p.hq, p.hkv, **common)
         else:
