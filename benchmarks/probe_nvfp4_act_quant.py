@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from fuseval.bench import time_call
+from fuseval.bench import time_call, time_graph_replay
 from fuseval.definitions import load
 from fuseval.operators.nvfp4_qkv_rope import fast as F
 from fuseval.inputs import generate_inputs
@@ -38,20 +38,6 @@ from fuseval.refimpl.nvfp4 import quantize_activations
 def _ms(fn) -> float:
     return time_call(fn, device="cuda").median_ms
 
-
-def _graph_ms(fn) -> float:
-    """GPU time of fn: captured once into a CUDA graph, the replay timed."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()                                   # warm the allocator on the side stream
-    torch.cuda.current_stream().wait_stream(s)
-    with torch.cuda.graph(g):
-        fn()
-    return _ms(g.replay)
 
 
 def _host_us(fn, n: int = 100) -> float:
@@ -70,6 +56,10 @@ def _exact(x, gw, cfg) -> bool:
     want = quantize_activations(x)
     return bool(torch.equal(got.codes, want.codes) and torch.equal(got.scales, want.scales)
                 and torch.equal(got.xs.double(), want.scaled_codes(torch.float64)))
+
+
+def _gpu_ms(fn) -> float:
+    return time_graph_replay(fn, device="cuda").median_ms
 
 
 def main():
@@ -95,11 +85,11 @@ def main():
             name = f"{cfg.tile}:{cfg.warps}:{cfg.amax_block}"
             row[f"exact:quant[{name}]"] = _exact(x, gw, cfg)
             row[f"quant[{name}]"] = _ms(lambda: F.act_quant(x, gw, config=cfg))
-            row[f"gpu:quant[{name}]"] = _graph_ms(lambda: F.act_quant(x, gw, config=cfg))
+            row[f"gpu:quant[{name}]"] = _gpu_ms(lambda: F.act_quant(x, gw, config=cfg))
         for name, fn in (("quant", lambda: F.act_quant(x, gw)), ("forward", lambda: F.forward(*inputs)),
                          ("forward_w4a16", lambda: F.forward_w4a16(*inputs))):
             row[name] = _ms(fn)
-            row[f"gpu:{name}"] = _graph_ms(fn)
+            row[f"gpu:{name}"] = _gpu_ms(fn)
             row[f"host_us:{name}"] = _host_us(fn)
         row["quant_TBps_gpu"] = 3 * x.numel() * 2 / row["gpu:quant"] / 1e9     # x twice, xs once
         out["by_tokens"][tokens] = row
@@ -112,7 +102,7 @@ def main():
             for name in ("forward", "forward_w4a16"):
                 fn = getattr(F, name)
                 suite[name].append(_ms(lambda: fn(*inputs)))
-                suite[f"gpu:{name}"].append(_graph_ms(lambda: fn(*inputs)))
+                suite[f"gpu:{name}"].append(_gpu_ms(lambda: fn(*inputs)))
         out["suite"] = {name: {"per_case_ms": v, "mean_ms": statistics.fmean(v)} for name, v in suite.items()}
         print("suite mean ms:", {k: round(v["mean_ms"], 4) for k, v in out["suite"].items()}, flush=True)
         for name, v in suite.items():

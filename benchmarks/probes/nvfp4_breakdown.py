@@ -1,7 +1,7 @@
 """Where op B's W4A4 call spends its GPU time, per token count: the activation quantizer
 (``act_quant``, two launches), the weights' predecode (``predecode_weights``), the W4A16
 forward on predecoded weights (predecode + GEMM) and the whole W4A4 forward, each captured
-into a CUDA graph and the replays timed (``fuseval.bench.time_call``: CUDA events, L2
+into a CUDA graph and the replays timed (``fuseval.bench.time_graph_replay``: CUDA events, L2
 flushed, median), so host launch work is left out. GEMM ~ w4a16 - predecode.
 
     PYTHONPATH=src python3 benchmarks/probes/nvfp4_breakdown.py [--tokens 256,2048,8192] [--json OUT]
@@ -13,24 +13,15 @@ import json
 
 import torch
 
-from fuseval.bench import time_call
+from fuseval.bench import time_graph_replay
 from fuseval.definitions import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import fast
 
 
-def _graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()                                   # warm the allocator on the side stream
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_call(graph.replay, device="cuda").median_ms
+
+def _gpu_ms(fn) -> float:
+    return time_graph_replay(fn, device="cuda").median_ms
 
 
 def main() -> None:
@@ -45,11 +36,11 @@ def main() -> None:
         inputs = generate_inputs(defn, {"seq_len": tokens, "batch_size": 1}, seed=0, device="cuda")
         (x, _, _, wq, sq, gq, wk, sk, gk, wv, sv, gv, *_) = inputs
         row = {
-            "act_quant": _graph_ms(lambda: fast.act_quant(x, (gq, gk, gv))),
-            "predecode": _graph_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1])),
-            "w4a16 (predecode + GEMM)": _graph_ms(lambda: fast.forward_w4a16(*inputs)),
-            "w4a4 unfused": _graph_ms(lambda: fast.forward(*inputs, quant_config=unfused)),
-            "w4a4": _graph_ms(lambda: fast.forward(*inputs)),
+            "act_quant": _gpu_ms(lambda: fast.act_quant(x, (gq, gk, gv))),
+            "predecode": _gpu_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1])),
+            "w4a16 (predecode + GEMM)": _gpu_ms(lambda: fast.forward_w4a16(*inputs)),
+            "w4a4 unfused": _gpu_ms(lambda: fast.forward(*inputs, quant_config=unfused)),
+            "w4a4": _gpu_ms(lambda: fast.forward(*inputs)),
         }
         row["GEMM (w4a16 - predecode)"] = row["w4a16 (predecode + GEMM)"] - row["predecode"]
         rows[tokens] = row

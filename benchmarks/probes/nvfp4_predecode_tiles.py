@@ -1,6 +1,6 @@
 """Op B's weight predecode (``_kernels._predecode_kernel``: 12.6 MB of FP4 codes and e4m3
 scales read, 50 MB of bf16 written per call) over tile shapes and warp counts: GPU time of
-CUDA-graph replays (``fuseval.bench.time_call``: CUDA events, L2 flushed, median), the
+CUDA-graph replays (``fuseval.bench.time_graph_replay``: CUDA events, L2 flushed, median), the
 bandwidth it reaches, and whether each output equals production's bit for bit.
 
     PYTHONPATH=src python3 benchmarks/probes/nvfp4_predecode_tiles.py [--br 16,32,64] [--bk 128,256] [--warps 4,8]
@@ -11,20 +11,16 @@ import argparse
 
 import torch
 
-from fuseval.bench import time_call
+from fuseval.bench import time_graph_replay
 from fuseval.definitions import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _kernels as K
 from fuseval.operators.nvfp4_qkv_rope import fast
 
 
-def _graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_call(graph.replay, device="cuda").median_ms
+
+def _gpu_ms(fn) -> float:
+    return time_graph_replay(fn, device="cuda").median_ms
 
 
 def main() -> None:
@@ -40,10 +36,10 @@ def main() -> None:
     production = fast.predecode_weights(wq, sq, wk, sk, wv, sv, hidden)
     nbytes = sum(t.numel() * t.element_size() for t in (wq, sq, wk, sk, wv, sv)) + production.numel() * 2
     weights = [t for t in (wq, sq, wk, sk, wv, sv)]
-    base = _graph_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, hidden))
+    base = _gpu_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, hidden))
     print(f"production (32 x 128, 4 warps): {base * 1000:.1f} us, {nbytes / base / 1e9:.2f} TB/s", flush=True)
     sink = torch.empty_like(production)
-    fill = _graph_ms(lambda: sink.fill_(1.0))
+    fill = _gpu_ms(lambda: sink.fill_(1.0))
     print(f"reference: fill of the 50 MB output {fill * 1000:.1f} us "
           f"({production.numel() * 2 / fill / 1e9:.2f} TB/s written)", flush=True)
     rows = []
@@ -56,7 +52,7 @@ def main() -> None:
                     K._predecode_kernel[(out.shape[0] // br, hidden // bk)](
                         *weights, out, NQ=wq.shape[0], NKV=wk.shape[0], K=hidden, BR=br, BK=bk, num_warps=warps)
                 try:
-                    ms = _graph_ms(run)
+                    ms = _gpu_ms(run)
                 except Exception as exc:  # noqa: BLE001 - a shape that does not compile is a result
                     print(f"{br:3d} x {bk:4d}, {warps} warps: failed {type(exc).__name__}", flush=True)
                     continue

@@ -11,7 +11,7 @@ first (workspace slot, CTA barrier, release increment of the tile's counter) and
 their own tile last (acquire reads of the counter, L2 loads). Ranges are taken by a
 ticket drawn at start, so a program only waits for programs that started before it.
 
-Prints GPU time of CUDA-graph replays (``fuseval.bench.time_call``: CUDA events, L2 flushed,
+Prints GPU time of CUDA-graph replays (``fuseval.bench.time_graph_replay``: CUDA events, L2 flushed,
 median) of production's W4A16 call (predecode + GEMM), the predecode alone, the dense GEMM
 alone on weights predecoded outside the timing, as production launches it and stream-K,
 and whether each stream-K output is within rounding of the float64 oracle and the same on
@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fuseval.bench import time_call
+from fuseval.bench import time_graph_replay
 from fuseval.definitions import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _gluon, fast
@@ -165,18 +165,9 @@ def launch_dense_streamk(x2d, cos, sin, w_dense, gs_args, gs_from_ptr, qn, kn, e
         GS_FROM_PTR=gs_from_ptr, num_warps=num_warps)
 
 
-def _graph_ms(fn) -> float:
-    fn()
-    torch.cuda.synchronize()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return time_call(graph.replay, device="cuda").median_ms
+
+def _gpu_ms(fn) -> float:
+    return time_graph_replay(fn, device="cuda").median_ms
 
 
 def main() -> None:
@@ -190,9 +181,9 @@ def main() -> None:
         m, hq, hkv = tokens, wq.shape[0] // 128, wk.shape[0] // 128
         outs = [torch.empty((1, h, m, 128), dtype=torch.bfloat16, device="cuda") for h in (hq, hkv, hkv)]
         gs = (x, float(gq), float(gk), float(gv))
-        row = {"production w4a16": _graph_ms(lambda: fast.forward_w4a16(*inputs))}
+        row = {"production w4a16": _gpu_ms(lambda: fast.forward_w4a16(*inputs))}
         w_dense = fast.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1])
-        row["predecode alone"] = _graph_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1]))
+        row["predecode alone"] = _gpu_ms(lambda: fast.predecode_weights(wq, sq, wk, sk, wv, sv, x.shape[-1]))
         refs = ref.reference(*inputs, activations="bf16")
         for bm, st, p in ((128, 6, 132), (128, 4, 132), (256, 4, 132), (256, 3, 132)):
             def run(bm=bm, st=st, p=p):
@@ -208,9 +199,9 @@ def main() -> None:
             name = f"dense stream-K BM={bm} st={st} P={p} (GEMM)"
             print(f"{tokens:6d} tokens  {name:44s} within rounding of the oracle {ok}, same bits twice {same}",
                   flush=True)
-            row[name] = _graph_ms(run)
+            row[name] = _gpu_ms(run)
         for bm, st in ((128, 6), (256, 4)):
-            row[f"dense BM={bm} st={st} (GEMM)"] = _graph_ms(lambda: _gluon.launch_dense(
+            row[f"dense BM={bm} st={st} (GEMM)"] = _gpu_ms(lambda: _gluon.launch_dense(
                 x.view(m, -1), cos, sin, w_dense, gs, False, qn, kn, eps, outs, m, m, hq, hkv,
                 block_m=bm, block_k=64, stages=st))
         for k, v in row.items():

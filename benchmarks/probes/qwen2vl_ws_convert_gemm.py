@@ -49,8 +49,13 @@ from fuseval.operators.qwen2vl_decoder_layer._kernels import _tile_coords
 
 @gluon.jit
 def _producer(a_desc, w_desc, a_smem, w32_smem, ready, free, M, N, K,
-              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    NBYTES: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
+              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
+              STAGED: gl.constexpr):
+    """One warp: each K step's activation tile and, STAGED, its fp32 weight tile, by TMA."""
+    if STAGED:
+        NBYTES: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
+    else:
+        NBYTES: gl.constexpr = a_desc.block_type.nbytes
     num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -60,7 +65,8 @@ def _producer(a_desc, w_desc, a_smem, w32_smem, ready, free, M, N, K,
             mbarrier.wait(free.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
             mbarrier.expect(ready.index(slot), NBYTES)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k], ready.index(slot), a_smem.index(slot))
-            tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k], ready.index(slot), w32_smem.index(slot))
+            if STAGED:
+                tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k], ready.index(slot), w32_smem.index(slot))
             it += 1
 
 
@@ -144,68 +150,43 @@ def _consumer(a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride
 
 
 @gluon.jit
-def _producer_a(a_desc, a_smem, ready, free, M, N, K,
-                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
-    num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
-    it = 0
-    for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
-        pid_m, pid_n = _tile_coords(tile, M, N, BM, BN, GROUP_M)
-        for k in range(0, K, BK):
-            slot = it % STAGES
-            mbarrier.wait(free.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
-            mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
-            tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k], ready.index(slot), a_smem.index(slot))
-            it += 1
-
-
-@gluon.jit
-def ws_convert_global_gemm_kernel(a_desc, w_ptr, out_ptr, M, N, K, stride_out,
-                                  BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
-                                  GROUP_M: gl.constexpr, CONVERT_WARPS: gl.constexpr, CONVERT_REGS: gl.constexpr,
-                                  num_warps: gl.constexpr):
-    """The variant whose converter warps read the fp32 weights from global memory: no fp32
-    staging tile in shared memory (whose bandwidth the staged variant runs out of)."""
-    a_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], a_desc.layout)
-    W16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float16)
-    w16_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], W16)
-    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(STAGES):
-        mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(free.index(i), count=1)        # the consumer
-        mbarrier.init(converted.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
-                     BM, BN, BK, STAGES, GROUP_M, num_warps)),
-        (_producer_a, (a_desc, a_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M)),
-        (_converter_global, (w_ptr, w16_smem, free, converted, M, N, K, BM, BN, BK, STAGES, GROUP_M,
-                             CONVERT_WARPS)),
-    ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
-
-
-@gluon.jit
-def ws_convert_gemm_kernel(a_desc, w_desc, out_ptr, M, N, K, stride_out,
+def ws_convert_gemm_kernel(a_desc, w_src, out_ptr, M, N, K, stride_out,
                            BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr,
                            GROUP_M: gl.constexpr, CONVERT_WARPS: gl.constexpr, CONVERT_REGS: gl.constexpr,
-                           num_warps: gl.constexpr):
+                           FROM_GLOBAL: gl.constexpr, num_warps: gl.constexpr):
+    """``w_src``: the fp32 weights' TMA descriptor (staged: the producer copies each tile
+    into shared memory for the converter), or with FROM_GLOBAL their pointer (the converter
+    loads the tiles itself; no fp32 tile in shared memory, whose bandwidth the staged form
+    runs out of)."""
     a_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BM, BK], a_desc.layout)
-    w32_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN, BK], w_desc.layout)
     W16: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BN, BK], gl.float16)
     w16_smem = gl.allocate_shared_memory(gl.float16, [STAGES, BN, BK], W16)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     converted = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    FREE_ARRIVALS: gl.constexpr = 1 if FROM_GLOBAL else 2      # the consumer (and the staged converter)
     for i in gl.static_range(STAGES):
         mbarrier.init(ready.index(i), count=1)
-        mbarrier.init(free.index(i), count=2)        # the converter and the consumer
+        mbarrier.init(free.index(i), count=FREE_ARRIVALS)
         mbarrier.init(converted.index(i), count=1)
-    gl.warp_specialize([
-        (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
-                     BM, BN, BK, STAGES, GROUP_M, num_warps)),
-        (_producer, (a_desc, w_desc, a_smem, w32_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M)),
-        (_converter, (w32_smem, w16_smem, ready, free, converted, M, N, K, BM, BN, BK, STAGES, CONVERT_WARPS)),
-    ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
+    if FROM_GLOBAL:
+        gl.warp_specialize([
+            (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
+                         BM, BN, BK, STAGES, GROUP_M, num_warps)),
+            (_producer, (a_desc, a_desc, a_smem, a_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M, False)),
+            (_converter_global, (w_src, w16_smem, free, converted, M, N, K, BM, BN, BK, STAGES, GROUP_M,
+                                 CONVERT_WARPS)),
+        ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
+    else:
+        w32_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN, BK], w_src.layout)
+        gl.warp_specialize([
+            (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
+                         BM, BN, BK, STAGES, GROUP_M, num_warps)),
+            (_producer, (a_desc, w_src, a_smem, w32_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M,
+                         True)),
+            (_converter, (w32_smem, w16_smem, ready, free, converted, M, N, K, BM, BN, BK, STAGES,
+                          CONVERT_WARPS)),
+        ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
 
 
 # name: (BM, BN, BK, STAGES, converter warps, converter registers, converter reads global
@@ -226,18 +207,16 @@ def launch(a, w, out, cfg, n_programs: int, compile_only: bool = False):
     M, K = a.shape
     N = w.shape[0]
     a_d = TensorDescriptor.from_tensor(a, [bm, bk], gl.NVMMASharedLayout.get_default_for([bm, bk], gl.float16))
-    if from_global:
-        kernel, w_arg = ws_convert_global_gemm_kernel, w
-    else:
-        kernel = ws_convert_gemm_kernel
-        w_arg = TensorDescriptor.from_tensor(w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float32))
+    w_arg = w if from_global else TensorDescriptor.from_tensor(
+        w, [bn, bk], gl.NVMMASharedLayout.get_default_for([bn, bk], gl.float32))
     grid = (max(1, min(n_programs, triton.cdiv(M, bm) * triton.cdiv(N, bn))),)
     args = (a_d, w_arg, out, M, N, K, out.stride(0))
-    meta = dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP_M=8, CONVERT_WARPS=cw, CONVERT_REGS=regs, num_warps=8)
+    meta = dict(BM=bm, BN=bn, BK=bk, STAGES=stages, GROUP_M=8, CONVERT_WARPS=cw, CONVERT_REGS=regs,
+                FROM_GLOBAL=from_global, num_warps=8)
     if compile_only:
-        kernel.warmup(*args, grid=grid, **meta)
+        ws_convert_gemm_kernel.warmup(*args, grid=grid, **meta)
     else:
-        kernel[grid](*args, **meta)
+        ws_convert_gemm_kernel[grid](*args, **meta)
 
 
 def compile_report() -> None:

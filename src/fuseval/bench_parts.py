@@ -31,10 +31,9 @@ class Part:
 
 def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, **timer) -> dict[str, dict]:
     """{name: {"median_ms", "floor_ms", "bound", "flops", "bytes", "what", "error"}} for each
-    part: its graph replays timed by ``time_call(**timer)``; a part that fails is reported
+    part: its graph replays timed by ``time_graph_replay(**timer)``; a part that fails is reported
     with its error, not raised."""
-    from .bench import floor_seconds, time_call
-    from .fast._graphs import capture
+    from .bench import floor_seconds, time_graph_replay
     out: dict[str, dict] = {}
     for name, part in parts.items():
         row: dict[str, Any] = {"flops": part.flops, "bytes": part.bytes, "what": part.what,
@@ -44,10 +43,7 @@ def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, *
                                                  "matmul_dtype": part.matmul_dtype}, ceilings)
             row["floor_ms"] = floor * 1e3
         try:
-            part.run()                       # compiles the part's kernels before the capture
-            graph, _ = capture(part.run, device)
-            row["median_ms"] = time_call(graph.replay, device=device, **timer).median_ms
-            del graph
+            row["median_ms"] = time_graph_replay(part.run, device=device, **timer).median_ms
         except Exception as exc:  # noqa: BLE001 - one part that cannot be timed is reported
             row["error"] = f"{type(exc).__name__}: {exc}"
         out[name] = row
