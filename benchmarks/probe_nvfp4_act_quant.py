@@ -28,7 +28,8 @@ import time
 
 import torch
 
-from fuseval.bench import time_call, time_graph_replay
+from fuseval.bench import time_call
+from fuseval.bench_parts import time_graph_replay
 from fuseval.definitions import load
 from fuseval.operators.nvfp4_qkv_rope import fast as F
 from fuseval.inputs import generate_inputs

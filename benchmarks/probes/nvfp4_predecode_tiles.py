@@ -1,6 +1,6 @@
 """Op B's weight predecode (``_kernels._predecode_kernel``: 12.6 MB of FP4 codes and e4m3
 scales read, 50 MB of bf16 written per call) over tile shapes and warp counts: GPU time of
-CUDA-graph replays (``fuseval.bench.time_graph_replay``: CUDA events, L2 flushed, median), the
+CUDA-graph replays (``fuseval.bench_parts.time_graph_replay``: CUDA events, L2 flushed, median), the
 bandwidth it reaches, and whether each output equals production's bit for bit.
 
     PYTHONPATH=src python3 benchmarks/probes/nvfp4_predecode_tiles.py [--br 16,32,64] [--bk 128,256] [--warps 4,8]
@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from fuseval.bench import time_graph_replay
+from fuseval.bench_parts import time_graph_replay
 from fuseval.definitions import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _kernels as K

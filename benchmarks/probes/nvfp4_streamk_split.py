@@ -11,7 +11,7 @@ first (workspace slot, CTA barrier, release increment of the tile's counter) and
 their own tile last (acquire reads of the counter, L2 loads). Ranges are taken by a
 ticket drawn at start, so a program only waits for programs that started before it.
 
-Prints GPU time of CUDA-graph replays (``fuseval.bench.time_graph_replay``: CUDA events, L2 flushed,
+Prints GPU time of CUDA-graph replays (``fuseval.bench_parts.time_graph_replay``: CUDA events, L2 flushed,
 median) of production's W4A16 call (predecode + GEMM), the predecode alone, the dense GEMM
 alone on weights predecoded outside the timing, as production launches it and stream-K,
 and whether each stream-K output is within rounding of the float64 oracle and the same on
@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warpgroup_mma, warpgroup_mma_wait
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from fuseval.bench import time_graph_replay
+from fuseval.bench_parts import time_graph_replay
 from fuseval.definitions import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _gluon, fast

@@ -59,7 +59,7 @@ from .definitions import Definition
 from .report import fmt_number
 from .torch_flags import matmul_flags
 
-__all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call", "time_graph_replay",
+__all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
            "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
            "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
            "print_bench_report", "write_outputs", "plot_report"]
@@ -164,20 +164,6 @@ def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", war
         ends[i].record()
     torch.cuda.synchronize(device)
     return Timing.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
-
-
-def time_graph_replay(fn: Callable[[], Any], *, device: torch.device | str = "cuda", **timer) -> Timing:
-    """GPU time of ``fn``'s launches, the host's launch work left out: ``fn`` run once
-    (its kernels compiled), captured into a CUDA graph (``fast._graphs.capture``), and the
-    graph's replays timed by :func:`time_call` (``timer``: its keyword arguments)."""
-    from .fast._graphs import capture
-    device = torch.device(device)
-    fn()
-    graph, _ = capture(fn, device)
-    try:
-        return time_call(graph.replay, device=device, **timer)
-    finally:
-        del graph
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,14 @@ whole call: fused launches overlap, and the whole call's time includes its host 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
 
-__all__ = ["Part", "time_parts"]
+if TYPE_CHECKING:
+    from .bench import Timing
+
+__all__ = ["Part", "time_parts", "time_graph_replay"]
 
 
 @dataclass
@@ -29,11 +32,26 @@ class Part:
     what: str = ""
 
 
+def time_graph_replay(fn: Callable[[], Any], *, device: torch.device | str = "cuda", **timer) -> Timing:
+    """GPU time of ``fn``'s launches, the host's launch work left out: ``fn`` run once
+    (its kernels compiled), captured into a CUDA graph (``fast._graphs.capture``), and the
+    graph's replays timed by :func:`time_call` (``timer``: its keyword arguments)."""
+    from .bench import time_call
+    from .fast._graphs import capture
+    device = torch.device(device)
+    fn()
+    graph, _ = capture(fn, device)
+    try:
+        return time_call(graph.replay, device=device, **timer)
+    finally:
+        del graph
+
+
 def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, **timer) -> dict[str, dict]:
     """{name: {"median_ms", "floor_ms", "bound", "flops", "bytes", "what", "error"}} for each
     part: its graph replays timed by ``time_graph_replay(**timer)``; a part that fails is reported
     with its error, not raised."""
-    from .bench import floor_seconds, time_graph_replay
+    from .bench import floor_seconds
     out: dict[str, dict] = {}
     for name, part in parts.items():
         row: dict[str, Any] = {"flops": part.flops, "bytes": part.bytes, "what": part.what,
