@@ -44,18 +44,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from fuseval.operators.qwen2vl_decoder_layer._gluon import _producer
 from fuseval.operators.qwen2vl_decoder_layer._kernels import _tile_coords
 
 
 @gluon.jit
-def _producer(a_desc, w_desc, a_smem, w32_smem, ready, free, M, N, K,
-              BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr,
-              STAGED: gl.constexpr):
-    """One warp: each K step's activation tile and, STAGED, its fp32 weight tile, by TMA."""
-    if STAGED:
-        NBYTES: gl.constexpr = a_desc.block_type.nbytes + w_desc.block_type.nbytes
-    else:
-        NBYTES: gl.constexpr = a_desc.block_type.nbytes
+def _producer_a(a_desc, a_smem, ready, free, M, N, K,
+                BM: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, STAGES: gl.constexpr, GROUP_M: gl.constexpr):
+    """One warp: each K step's activation tile by TMA (the converter loads the weights
+    itself). The staged form's producer, which also copies the weight tile, is op A's own
+    (``qwen2vl_decoder_layer._gluon._producer``)."""
     num_tiles = gl.cdiv(M, BM) * gl.cdiv(N, BN)
     it = 0
     for tile in range(gl.program_id(0), num_tiles, gl.num_programs(0)):
@@ -63,10 +61,8 @@ def _producer(a_desc, w_desc, a_smem, w32_smem, ready, free, M, N, K,
         for k in range(0, K, BK):
             slot = it % STAGES
             mbarrier.wait(free.index(slot), ((it // STAGES) + 1) & 1, pred=it >= STAGES)
-            mbarrier.expect(ready.index(slot), NBYTES)
+            mbarrier.expect(ready.index(slot), a_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(a_desc, [pid_m * BM, k], ready.index(slot), a_smem.index(slot))
-            if STAGED:
-                tma.async_copy_global_to_shared(w_desc, [pid_n * BN, k], ready.index(slot), w32_smem.index(slot))
             it += 1
 
 
@@ -173,7 +169,7 @@ def ws_convert_gemm_kernel(a_desc, w_src, out_ptr, M, N, K, stride_out,
         gl.warp_specialize([
             (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
                          BM, BN, BK, STAGES, GROUP_M, num_warps)),
-            (_producer, (a_desc, a_desc, a_smem, a_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M, False)),
+            (_producer_a, (a_desc, a_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M)),
             (_converter_global, (w_src, w16_smem, free, converted, M, N, K, BM, BN, BK, STAGES, GROUP_M,
                                  CONVERT_WARPS)),
         ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
@@ -182,8 +178,8 @@ def ws_convert_gemm_kernel(a_desc, w_src, out_ptr, M, N, K, stride_out,
         gl.warp_specialize([
             (_consumer, (a_smem, w16_smem, ready, free, converted, out_ptr, M, N, K, stride_out,
                          BM, BN, BK, STAGES, GROUP_M, num_warps)),
-            (_producer, (a_desc, w_src, a_smem, w32_smem, ready, free, M, N, K, BM, BN, BK, STAGES, GROUP_M,
-                         True)),
+            (_producer, (a_desc, w_src, w_src, a_smem, w32_smem, w32_smem, ready, free, M, N,
+                         gl.cdiv(M, BM), gl.cdiv(N, BN), K, BM, BN, BK, STAGES, GROUP_M, False)),
             (_converter, (w32_smem, w16_smem, ready, free, converted, M, N, K, BM, BN, BK, STAGES,
                           CONVERT_WARPS)),
         ], [1, CONVERT_WARPS], [24, CONVERT_REGS])
