@@ -222,7 +222,8 @@ class IsolatedImpl:
 
     def _raise_for(self, res: CallResult) -> None:
         if res.violations:
-            raise IsolationViolation(res.violations[0], "; ".join(res.messages))
+            said = f"; it printed: {res.output.strip()[-600:]!r}" if res.output.strip() else ""
+            raise IsolationViolation(res.violations[0], "; ".join(res.messages) + said)
 
     def __call__(self, *inputs):
         res = self.worker.call(inputs, deadline=self._deadline())

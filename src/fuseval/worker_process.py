@@ -19,6 +19,7 @@ used by both sides.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -213,8 +214,12 @@ class _Worker:
             return
         _, out_payload, tap_payload, nfds = fill
         bufs = self._open(out_payload, tap_payload, nfds)
-        self._copy(bufs[:len(out_payload)], outs, dev)
-        self._copy(bufs[len(out_payload):], [v for _, v in tap_items], dev)
+        changed = self._copy(bufs[:len(out_payload)], outs, dev) + \
+            self._copy(bufs[len(out_payload):], [v for _, v in tap_items], dev)
+        if changed:
+            self.reply({"status": "bad", "error": "an output or tap changed its shape or dtype after the call "
+                        "returned: " + ", ".join(changed[:4])})
+            return
         if req.get("keep"):
             self.kept.append(outs)
         self.reply({"status": "filled"})
@@ -224,13 +229,21 @@ class _Worker:
         return open_buffers(list(out_payload) + list(tap_payload), recv_fds(self.conn, int(nfds)))
 
     @staticmethod
-    def _copy(bufs, tensors, dev) -> None:
+    def _copy(bufs, tensors, dev) -> list[str]:
+        """Copy each described tensor into fuseval's buffer; the ones that no longer match
+        their description (shape, dtype) are named instead."""
         import torch
-        for buf, t in zip(bufs, tensors):
-            if buf is not None:
-                buf.copy_(t)
+        changed = []
+        for i, (buf, t) in enumerate(zip(bufs, tensors)):
+            if buf is None:
+                continue
+            if not isinstance(t, torch.Tensor) or buf.shape != t.shape or buf.dtype != t.dtype:
+                changed.append(f"#{i}")
+                continue
+            buf.copy_(t)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        return changed
 
     def recopy(self, payload, nfds) -> None:
         """Copy the outputs of every kept call of the case again (what each answer holds
@@ -286,3 +299,8 @@ def child_main(conn, threads: int, plan) -> None:
             worker.recopy(*msg[1:])
         elif kind == "forget":
             worker.kept = []
+        elif kind == "ping":
+            # what the last request left (its tensors, their mappings) is released before
+            # fuseval starts watching this process's CPU time
+            gc.collect()
+            worker.reply({"status": "idle"})

@@ -315,18 +315,26 @@ class Worker:
         answer) is named. Returns the finding or None."""
         if not self.alive():
             return None
-        before = procs.cpu_seconds(self.pid)
+        # the worker answers a ping only once its loop is back waiting: what its own
+        # bookkeeping of the last request costs is spent before the watch starts
+        try:
+            self._send(("ping",))
+            if self._receive(time.monotonic() + 10.0).get("status") != "idle":
+                return "the implementation's process did not answer fuseval's ping after the case's last call"
+        except (OSError, EOFError):
+            return None
+        before, t0 = procs.cpu_seconds(self.pid), time.monotonic()
         time.sleep(window)
-        after = procs.cpu_seconds(self.pid)
+        after, elapsed = procs.cpu_seconds(self.pid), time.monotonic() - t0
         self._end_children()
         if before is None or after is None:
             return None
         used = after - before
         # /proc counts CPU time in clock ticks: two ticks is the least a reading can show
-        if used >= max(0.5 * window, 2.0 / procs.CLOCK_TICKS):
+        if used >= max(0.5 * elapsed, 2.0 / procs.CLOCK_TICKS):
             return (f"the implementation's process kept using CPU after its last call returned ({used:.2f} s in "
-                    f"{window:.2f} s): a thread or process left working")
-        return self.idle_violation()
+                    f"{elapsed:.2f} s): a thread or process left working")
+        return None
 
     def _end_children(self, res: CallResult | None = None) -> None:
         """Kill every process of the worker's session but the worker; a call that left any
@@ -437,7 +445,7 @@ class Worker:
             res.outputs = _Opaque(str(reply.get("type"))[:200])
             res.add("bad_outputs", f"implementation returned {str(reply.get('type'))[:200]}, expected a tuple of "
                     f"{len(self.defn.outputs)} tensors ({', '.join(self.defn.output_names)})")
-        res.taps = {n: b for n, b in zip(tap_names, filled[len(out_specs):]) if b is not None}
+        res.taps = {n: b for n, b in zip(tap_names, filled[len(out_specs):]) if n is not None and b is not None}
 
     def _verify(self, shared: transport.Shared, res: CallResult) -> None:
         """The call's inputs, as fuseval sees them after it: pages the worker wrote in a
@@ -538,25 +546,26 @@ class Worker:
             return None, _Opaque(f"tensor of shape {tuple(shape)}")
         return (tuple(shape), dtype), None
 
-    def _tap_specs(self, items: list, res: CallResult, limit: int) -> tuple[list, list[str]]:
-        """Buffers for the stage taps a call described: at most :data:`MAX_TAPS`, named by
-        the definition's stages, together no larger than the call's outputs allow."""
+    def _tap_specs(self, items: list, res: CallResult, limit: int) -> tuple[list, list[str | None]]:
+        """Buffers for the stage taps a call described, one per described tap in the
+        worker's order (None where a tap is not read): at most :data:`MAX_TAPS`, named by
+        the definition's stages (``stage`` or ``stage.part``), together no larger than the
+        call's outputs allow."""
         stages = set(self.defn.stage_names) if self.defn is not None and hasattr(self.defn, "stage_names") else None
-        specs, names, total = [], [], 0
-        budget = 8 * limit + _TAP_SLACK_BYTES
+        specs: list = []
+        names: list[str | None] = []
+        total, budget = 0, 8 * limit + _TAP_SLACK_BYTES
+        import torch
         for item in items[:MAX_TAPS]:
-            if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
-                continue
-            name, d = item
-            if stages is not None and name not in stages:
-                continue
-            spec, _ = self._spec(d, f"tap {name!r}", res, budget - total)
-            if spec is None:
-                continue
-            import torch
-            total += math.prod(spec[0]) * torch.empty((), dtype=spec[1]).element_size()
+            spec = name = None
+            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) \
+                    and (stages is None or item[0].partition(".")[0] in stages):
+                name = item[0]
+                spec, _ = self._spec(item[1], f"tap {name!r}", res, budget - total)
+            if spec is not None:
+                total += math.prod(spec[0]) * torch.empty((), dtype=spec[1]).element_size()
             specs.append(spec)
-            names.append(name)
+            names.append(name if spec is not None else None)
         if len(items) > MAX_TAPS:
             res.add("bad_outputs", f"the implementation handed back {len(items)} stage taps; at most {MAX_TAPS} are read")
         return specs, names
