@@ -42,7 +42,7 @@ import torch
 from . import ops as _ops
 from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
 from .definitions import Case, Definition, Tolerance
-from .errors import VIOLATION_EXIT, NoDeviceError
+from .errors import VIOLATION_EXIT, NoDeviceError, UsageError
 from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
                       poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
@@ -462,11 +462,11 @@ def validate_against(defn: Definition, impl: Any, against: Any) -> None:
     fuseval's process), never a 'module:function' of the user's, and not the
     implementation under check itself."""
     if not isinstance(against, str) or against not in defn.implementations:
-        raise ValueError(f"against: expected one of the operator's own implementations "
+        raise UsageError(f"--against: expected one of the operator's own implementations "
                          f"({', '.join(defn.implementations)}), got {against!r}: what a verdict compares with "
                          "runs in fuseval's process, so it is never an implementation of the user's")
     if isinstance(impl, str) and impl == against:
-        raise ValueError(f"against: the implementation under check ({impl!r}) cannot be what it is compared with")
+        raise UsageError(f"--against: the implementation under check ({impl!r}) cannot be what it is compared with")
 
 
 def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,

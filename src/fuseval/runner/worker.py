@@ -143,7 +143,7 @@ class Worker:
         ctx = tmp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         self.scratch = tempfile.mkdtemp(prefix="fuseval-worker-")
-        plan = confine.Plan(self.scratch, confine.cache_folder())
+        plan = confine.Plan(self.scratch, confine.cache_folder(), gpu=self.device.startswith("cuda"))
         proc = ctx.Process(target=child_main, args=(child, self.threads or torch.get_num_threads(), plan),
                            daemon=True, name="python")
         # the worker must not re-run the caller's main script (a script without a main guard
