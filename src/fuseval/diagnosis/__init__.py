@@ -97,7 +97,8 @@ def diagnose_outputs(defn, outputs: Sequence[torch.Tensor], refs: Sequence[torch
                 if share >= max(NEAR, a.matched_ratio + 0.2):
                     text = f"{defn.outputs[i].name} holds {defn.outputs[j].name}'s values ({share:.1%} agree)"
                     swapped.append(text)
-                    a.findings.insert(0, Finding("other_output", text, share, {"from": defn.outputs[j].name}))
+                    a.findings = [Finding("other_output", text, share, {"from": defn.outputs[j].name})] + \
+                        [f for f in a.findings if f.kind != "precision"]
     return found, swapped
 
 
@@ -134,11 +135,15 @@ def diagnose_case(defn, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], 
         t0 = time.perf_counter()
         try:
             matches = rank_mutants(defn.name, inputs, outputs, refs, tol, names, progress=progress)
-            if not matches:
+            explained = any(m.visible and m.agreement >= NEAR for m in matches)
+            if not explained:
+                # no catalogue, or nothing in it near: the generic mistakes, through the oracle
                 from .generic import generic_matches
-                matches = sort_matches(generic_matches(defn.name, inputs, outputs, refs, tol, names))
-                if matches:
-                    notes.append("no mutant catalogue: generic mistakes tried through the oracle")
+                generic = generic_matches(defn.name, inputs, outputs, refs, tol, names)
+                if generic:
+                    notes.append(("no mutant catalogue" if not matches else "nothing in the catalogue is near")
+                                 + ": generic mistakes tried through the oracle")
+                matches = sort_matches(matches + generic)
         except Exception as exc:  # noqa: BLE001 - a broken catalogue must not hide the anatomy
             notes.append(f"the mistakes could not be run: {type(exc).__name__}: {exc}"[:300])
         clock["mistakes"] = time.perf_counter() - t0

@@ -58,12 +58,24 @@ def _is_scale(s: float) -> bool:
 class _Mistake(TorchFunctionMode):
     """Rewrites the calls of one kind of mistake; ``hits`` counts the rewritten calls."""
 
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, site: int | None = None, count_only: bool = False):
         super().__init__()
-        self.kind, self.hits = kind, 0
+        self.kind, self.hits, self.site, self.count_only = kind, 0, site, count_only
+        self.sites: list[str] = []          # each call the mistake applies to, in words
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
+        if self.count_only or self.site is not None:
+            # one call site only: find the calls it applies to, rewrite the chosen one
+            done = getattr(self, "_" + self.kind)(func, list(args), dict(kwargs))
+            if done is NotImplemented:
+                return func(*args, **kwargs)
+            k = len(self.sites)
+            self.sites.append(_site_text(func, args))
+            if k == self.site:
+                self.hits += 1
+                return done
+            return func(*args, **kwargs)
         done = getattr(self, "_" + self.kind)(func, list(args), kwargs)
         if done is not NotImplemented:
             self.hits += 1
@@ -145,6 +157,11 @@ class _Mistake(TorchFunctionMode):
         return NotImplemented if not isinstance(out, torch.Tensor) else out
 
 
+def _site_text(func, args) -> str:
+    shapes = " x ".join(str(list(a.shape)) for a in args[:2] if isinstance(a, torch.Tensor))
+    return f"{getattr(func, '__name__', str(func))}({shapes})"
+
+
 def _chunked(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype, chunk: int = 16) -> torch.Tensor:
     """a @ b with operands in ``dtype`` and the running sum rounded to ``dtype`` after each
     ``chunk`` of the reduction: an accumulator of that precision."""
@@ -197,13 +214,19 @@ def _oracle_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
     return run_reference
 
 
-def run_generic(op: str, kind: str, inputs: Sequence[Any]) -> tuple[tuple | None, int]:
-    """(the oracle's outputs with mistake ``kind``, how many calls it rewrote)."""
+# mistakes tried one call site at a time (a single transposed weight, not every square one)
+PER_SITE = {"transposed_operand": 8}
+
+
+def run_generic(op: str, kind: str, inputs: Sequence[Any], site: int | None = None,
+                count_only: bool = False) -> tuple[tuple | None, int, list[str]]:
+    """(the oracle's outputs with mistake ``kind`` (at call ``site`` only, when given), how
+    many calls it rewrote, the calls it applies to)."""
     run = _oracle_runner(op)
-    mode = _Mistake(kind)
+    mode = _Mistake(kind, site, count_only)
     with torch.no_grad(), mode:
         outs = run(inputs)
-    return tuple(outs), mode.hits
+    return tuple(outs), mode.hits, mode.sites
 
 
 def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
@@ -212,12 +235,27 @@ def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
 
     from .matching import MutantMatch, agreement_all, passes
     found = []
+    tries = []
     for kind, what in GENERIC_MISTAKES.items():
+        if kind in PER_SITE:
+            try:
+                _, _, sites = run_generic(op, kind, inputs, count_only=True)
+            except Exception:  # noqa: BLE001 - the mistake does not apply here
+                sites = []
+            # a site seen twice with the same shapes is one call of a loop: its first one is tried
+            seen: dict[str, int] = {}
+            for k, text in enumerate(sites):
+                seen.setdefault(text, k)
+            tries += [(f"{kind}#{k}", kind, k, f"{what}: call {k} of the reference, {text}")
+                      for text, k in list(seen.items())[:PER_SITE[kind]]]
+        else:
+            tries.append((kind, kind, None, what))
+    for name, kind, site, what in tries:
         t0 = time.perf_counter()
         try:
-            produced, hits = run_generic(op, kind, inputs)
+            produced, hits, _ = run_generic(op, kind, inputs, site=site)
         except Exception as exc:  # noqa: BLE001 - a mistake that breaks the reference does not apply
-            found.append(MutantMatch(kind, "", what, 0.0, {}, math.inf, False, kind="generic",
+            found.append(MutantMatch(name, "", what, 0.0, {}, math.inf, False, kind="generic",
                                      error=f"{type(exc).__name__}: {exc}"[:200]))
             continue
         if not hits:
@@ -225,6 +263,6 @@ def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
         produced = [p.to(o.dtype) if isinstance(p, torch.Tensor) and p.dtype != o.dtype and p.is_floating_point()
                     else p for p, o in zip(produced, outputs)]
         a, per, l2 = agreement_all(outputs, produced, tol, output_names)
-        found.append(MutantMatch(kind, "", what, a, per, l2, not passes(produced, refs, tol), kind="generic",
+        found.append(MutantMatch(name, "", what, a, per, l2, not passes(produced, refs, tol), kind="generic",
                                  seconds=time.perf_counter() - t0))
     return found
