@@ -56,12 +56,12 @@ def full_lines(d) -> list[str]:
 def plot_axes(d, output: str | None = None):
     """A matplotlib figure: for each failing output (or ``output``), the share of failing
     elements along each axis (bars), the confined slices highlighted."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
+    # a Figure of its own (no pyplot): no backend is chosen or changed for the caller
+    from matplotlib.figure import Figure
     outs = [a for a in d.outputs if (output is None and a.failing) or a.name == output] or d.outputs[:1]
     n_axes = max(len(a.axes) for a in outs) or 1
-    fig, axs = plt.subplots(len(outs), n_axes, figsize=(3.2 * n_axes, 2.4 * len(outs)), squeeze=False)
+    fig = Figure(figsize=(3.2 * n_axes, 2.4 * len(outs)))
+    axs = fig.subplots(len(outs), n_axes, squeeze=False)
     for row, a in enumerate(outs):
         for col in range(n_axes):
             ax = axs[row][col]
@@ -81,21 +81,15 @@ def plot_axes(d, output: str | None = None):
 
 
 def write_png(d, path: str) -> str:
-    import matplotlib.pyplot as plt
-    fig = plot_axes(d)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_axes(d).savefig(path, dpi=110)
     return path
 
 
 def write_html(d, path: str, png: str | None = None) -> str:
     """One self-contained page: the full text and the plot embedded."""
     if png is None:
-        import matplotlib.pyplot as plt
         buf = io.BytesIO()
-        fig = plot_axes(d)
-        fig.savefig(buf, format="png", dpi=110)
-        plt.close(fig)
+        plot_axes(d).savefig(buf, format="png", dpi=110)
         data = buf.getvalue()
     else:
         with open(png, "rb") as f:
