@@ -116,15 +116,17 @@ def run_timed(fn: Callable[..., Any], sets: Sequence[Sequence[Any]], activation:
     # than min_reps: the later ones then are not kept)
     probe_args = prepare()
     probe = fn(*probe_args)
-    shapes = [(t.shape, t.dtype) for t in _tensors(probe)]
-    out_bytes = sum(t.numel() * t.element_size() for t in _tensors(probe))
+    # what one call's outputs hold: their storages (outputs that are views of one buffer
+    # hold that buffer), each counted once
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in _tensors(probe)}
+    out_bytes = sum(storages.values())
     del probe
     if out_bytes:
         reps = max(min(reps, keep_bytes // out_bytes), min(min_reps, reps))
     keep = max(0, min(reps, keep_bytes // out_bytes if out_bytes else reps))
     # the allocator's cache grown to hold every kept output, so that keeping them asks the
     # driver for no memory inside the timed calls
-    grown = [torch.empty(shape, dtype=dtype, device=device) for _ in range(keep) for shape, dtype in shapes]
+    grown = [torch.empty(n, dtype=torch.uint8, device=device) for _ in range(keep) for n in storages.values()]
     del grown
     first = counter[0]
     kept: list[Any] = []
