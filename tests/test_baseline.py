@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from fuseval import baseline, bench, cli, ops
-from fuseval.errors import EXIT_BAD_FILE, EXIT_REGRESSION, EXIT_UNKNOWN_OPERATOR, FusevalError
+from fuseval.errors import EXIT_BAD_FILE, EXIT_REGRESSION, EXIT_UNKNOWN_OPERATOR, FusevalError, TimingRefused
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
 OP = "nvfp4_qkv_rope"
@@ -200,7 +200,7 @@ def test_latency_is_timed_by_the_bench_timer(monkeypatch):
     assert [r for _, r in calls] == [{"warmup_ms": bench.WARMUP_MS, "rep_ms": bench.REP_MS,
                                       "min_reps": bench.MIN_REPS, "max_reps": bench.MAX_REPS, "flush": True}] * 2
     refused = operator.definition.cases("9")
-    with pytest.raises(baseline.TimingRefused, match="replayed_output"):
+    with pytest.raises(TimingRefused, match="replayed_output"):
         baseline._latencies(subject, "torch", refused, 0, "benchmark", torch.device("cpu"),
                             {9: {"latency_ms": []}})
 

@@ -8,9 +8,8 @@ small versioned JSON file, and a noise-aware comparison against a later run.
   case passed on every seed;
 * per **stage**: when the implementation has the stage-tap protocol, the budget's
   per-stage metrics (``<comparison>.<metric>``, e.g. ``local.max_abs``);
-* on a GPU: the median latency of the implementation, timed by
-  :func:`fuseval.bench.time_call` under the rules of ``fuseval bench`` (L2 flushed before
-  each repetition, adaptive repetitions, CUDA events), recorded under ``timer``.
+* on a GPU: the median latency of the implementation, timed as ``fuseval bench`` times
+  (in its worker, rotating inputs, judged by :mod:`fuseval.runner.timing`), under ``timer``.
 
 Every metric is stored as its distribution over the seeds: ``median``, ``max`` and
 ``spread`` (= max - min). The file (``schema_version`` 1) is meant to be committed next
@@ -40,7 +39,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import EXIT_BAD_FILE, EXIT_TIMING_REFUSED, FusevalError
+from .errors import EXIT_BAD_FILE, FusevalError, TimingRefused
 from .jsonio import jsonable, number
 from .report import fmt_number
 
@@ -162,6 +161,7 @@ def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, 
     (a refused timing is an error: a baseline never records a time that was not earned)."""
     from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS
     from .isolation import worker_for
+    from .ops import impl_label
     from .runner.timing import time_impl
     operator, defn = subject.operator, subject.operator.definition
     runner = worker_for(impl, defn, str(device)) if subject.isolate else subject.fn
@@ -170,18 +170,9 @@ def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, 
         run = time_impl(runner, defn, c, seed=seed, mode=mode, device=device, reference=operator.reference,
                         tolerance=c.tolerance or defn.tolerance, rules=rules)
         if not run.valid:
-            raise TimingRefused(f"case {c.index}: the timing of {subject_label(impl)} was refused: {run.summary()}")
+            raise TimingRefused(f"case {c.index}: the timing of {impl_label(impl)} was refused: {run.summary()}")
         per_case[c.index]["latency_ms"].append(run.timing["median_ms"])
 
-
-class TimingRefused(FusevalError):
-    """A latency for a baseline was refused by fuseval's timing rules."""
-    exit_code = EXIT_TIMING_REFUSED
-
-
-def subject_label(impl) -> str:
-    from .ops import impl_label
-    return impl_label(impl)
 
 
 def _case_documents(per_case: dict, samples: dict) -> dict[str, Any]:

@@ -111,6 +111,11 @@ class NoDeviceError(FusevalError, ValueError):
     exit_code = EXIT_NO_DEVICE
 
 
+class TimingRefused(FusevalError):
+    """A time fuseval's timing rules refused (fuseval.runner.timing): never recorded."""
+    exit_code = EXIT_TIMING_REFUSED
+
+
 class ResourceLimitError(FusevalError):
     """A limit of the machine (open files, file size, disk space) stops fuseval itself."""
     exit_code = EXIT_RESOURCE_LIMIT

@@ -184,7 +184,7 @@ def judge(raw: Mapping[str, Any], floor_ms: float | None, *, host_clock: bool = 
     """The rules of the module docstring on a timed run's numbers. ``host_clock``: the
     readings are the host's (CPU timer), where a call preempted by another process reads
     long: the spread rule does not apply."""
-    from ..bench import Timing
+    from ..ceilings import Timing
     times = [float(t) for t in raw.get("times_ms") or []]
     if not times or any(not (t >= 0.0) for t in times):
         return TimedRun(None, [("timer", "the timed run returned no readings, or negative ones")])

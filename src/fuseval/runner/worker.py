@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..worker_process import child_main
+from .answers import MAX_TAPS, Opaque, output_spec, size_limit, tap_specs
 from . import confine, procs, transport
 
 __all__ = ["Worker", "CallResult", "MAX_REPLY_BYTES", "IDLE_CPU_SECONDS", "MAX_TAPS", "START_TIMEOUT"]
@@ -29,8 +29,6 @@ IDLE_CPU_SECONDS = 0.25
 SETTLE_WINDOWS = 4                # windows of the end-of-case CPU watch a busy worker must fill
 # the most stage taps one call may hand back, and their total size beyond the call's
 # inputs and outputs
-MAX_TAPS = 64
-_TAP_SLACK_BYTES = 256 << 20
 
 # seconds to start a worker and import the implementation
 START_TIMEOUT = 180.0
@@ -59,19 +57,6 @@ class CallResult:
     def add(self, violation: str, message: str) -> None:
         self.violations.append(violation)
         self.messages.append(message)
-
-
-class _Opaque:
-    """Stands in for an output that is not a tensor, so the shape check names its type."""
-
-    def __init__(self, type_name: str):
-        self.type_name = type_name
-
-
-def _dtype(name: str):
-    import torch
-    d = getattr(torch, str(name), None)
-    return d if isinstance(d, torch.dtype) else None
 
 
 def _signal_name(code: int) -> str:
@@ -405,16 +390,16 @@ class Worker:
             return
         outs = reply.get("outputs") or []
         out_specs, placeholders = [], []
-        limit = _limit(expected)
+        limit = size_limit(expected)
         for i, d in enumerate(outs[:64]):
-            spec, placeholder = self._spec(d, f"output {i}", res, limit)
+            spec, placeholder = output_spec(d, f"output {i}", res, limit, self.device)
             out_specs.append(spec)
             placeholders.append(placeholder)
             for j in (d.get("aliases", []) if isinstance(d, dict) else [])[:n_inputs]:
                 if isinstance(j, int) and 0 <= j < n_inputs:
                     res.aliases.append((i, j))
-        tap_specs, tap_names = self._tap_specs(reply.get("taps") or [] if want_taps else [], res, limit)
-        buffers = transport.output_buffers(out_specs + tap_specs, self.device)
+        taps, tap_names = tap_specs(reply.get("taps") or [] if want_taps else [], res, limit, self.defn, self.device)
+        buffers = transport.output_buffers(out_specs + taps, self.device)
         try:
             self._send(("fill", buffers.payload[:len(out_specs)], buffers.payload[len(out_specs):],
                         len(buffers.fds)), buffers.fds)
@@ -437,7 +422,7 @@ class Worker:
         elif shape == "none":
             res.outputs = None
         else:
-            res.outputs = _Opaque(str(reply.get("type"))[:200])
+            res.outputs = Opaque(str(reply.get("type"))[:200])
             res.add("bad_outputs", f"implementation returned {str(reply.get('type'))[:200]}, expected a tuple of "
                     f"{len(self.defn.outputs)} tensors ({', '.join(self.defn.output_names)})")
         res.taps = {n: b for n, b in zip(tap_names, filled[len(out_specs):]) if n is not None and b is not None}
@@ -506,10 +491,10 @@ class Worker:
         """The outputs of the last timed run's calls at ``indices`` (kept calls, in loop
         order), each as described by ``described`` (one timed call's description)."""
         res = CallResult("ok")
-        limit = _limit(expected)
+        limit = size_limit(expected)
         specs = []
         for i, d in enumerate(list(described)[:64]):
-            spec, _ = self._spec(d, f"output {i}", res, limit)
+            spec, _ = output_spec(d, f"output {i}", res, limit, self.device)
             specs.append(spec)
         if res.violations or not self.alive():
             return None, res
@@ -597,77 +582,12 @@ class Worker:
             res.add("lingering_thread", "the implementation left threads running after it returned: "
                     + ", ".join(threads[:8]))
 
-    def _spec(self, d: Any, what: str, res: CallResult, limit: int):
-        """((shape, dtype) of a buffer for one described tensor, None), or (None, a
-        placeholder) with the violation recorded when the tensor must not be copied."""
-        if not isinstance(d, dict):
-            return None, _Opaque("?")
-        kind = d.get("kind")
-        if kind == "tensor_subclass":
-            res.add("bad_outputs", f"{what} is a {str(d.get('type'))[:200]}, a subclass of torch.Tensor; expected "
-                    "exactly torch.Tensor")
-            return None, _Opaque(str(d.get("type"))[:200])
-        if kind != "tensor":
-            res.add("bad_outputs", f"{what} is {str(d.get('type'))[:200]}, expected a tensor")
-            return None, _Opaque(str(d.get("type"))[:200])
-        dtype = _dtype(d.get("dtype"))
-        shape = d.get("shape")
-        if dtype is None or not isinstance(shape, list) or len(shape) > 16 \
-                or not all(isinstance(s, int) and 0 <= s < (1 << 40) for s in shape):
-            res.add("bad_outputs", f"{what}: unreadable description {str(d)[:200]}")
-            return None, _Opaque("?")
-        dev = str(d.get("device"))
-        if dev != self.device and not (self.device.startswith("cuda") and dev.startswith("cuda")):
-            res.add("wrong_device", f"{what} is on device {dev[:40]}, expected {self.device}")
-            return None, _Opaque(f"tensor on {dev[:40]}")
-        import torch
-        nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-        if nbytes > limit:
-            res.add("bad_outputs", f"{what} has shape {tuple(shape)} ({nbytes} bytes), far larger than expected")
-            return None, _Opaque(f"tensor of shape {tuple(shape)}")
-        return (tuple(shape), dtype), None
-
-    def _tap_specs(self, items: list, res: CallResult, limit: int) -> tuple[list, list[str | None]]:
-        """Buffers for the stage taps a call described, one per described tap in the
-        worker's order (None where a tap is not read): at most :data:`MAX_TAPS`, named by
-        the definition's stages (``stage`` or ``stage.part``), together no larger than the
-        call's outputs allow."""
-        stages = set(self.defn.stage_names) if self.defn is not None and hasattr(self.defn, "stage_names") else None
-        specs: list = []
-        names: list[str | None] = []
-        total, budget = 0, 8 * limit + _TAP_SLACK_BYTES
-        import torch
-        for item in items[:MAX_TAPS]:
-            spec = name = None
-            if isinstance(item, list) and len(item) == 2 and isinstance(item[0], str) \
-                    and (stages is None or item[0].partition(".")[0] in stages):
-                name = item[0]
-                spec, _ = self._spec(item[1], f"tap {name!r}", res, budget - total)
-            if spec is not None:
-                total += math.prod(spec[0]) * torch.empty((), dtype=spec[1]).element_size()
-            specs.append(spec)
-            names.append(name if spec is not None else None)
-        if len(items) > MAX_TAPS:
-            res.add("bad_outputs", f"the implementation handed back {len(items)} stage taps; at most {MAX_TAPS} are read")
-        return specs, names
-
-
 def _quoted(text: str) -> str:
     text = text.strip()
     if not text:
         return ""
     lines = text.splitlines()[-8:]
     return "; the implementation printed:\n" + "\n".join(f"  | {line[:300]}" for line in lines)
-
-
-def _limit(expected) -> int:
-    import torch
-    if not expected:
-        return 1 << 34
-    total = 0
-    for shape, dtype in expected:
-        total += math.prod(shape or ()) * torch.empty((), dtype=dtype).element_size()
-    return 4 * total + (1 << 20)
 
 
 def _label(impl: Any) -> str:
