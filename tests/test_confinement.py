@@ -161,6 +161,14 @@ def impl(*a):
         o.view(-1)[::200] = 1e30
     return tuple(out)
 ''', EXIT_CHECK_FAILED, "worst_element"),
+    # right everywhere but the first row of every 256-row tile of tokens, set to 1e30
+    "h_tile_rows": ('''
+def impl(*a):
+    out = [o.clone() for o in torch_eager(*a)]
+    for o in out:
+        o.view(-1, o.shape[-1])[::256] = 1e30
+    return tuple(out)
+''', EXIT_CHECK_FAILED, "worst_element"),
     # finds fuseval's channel among its objects and floods it
     "h_flood_channel": ('''
 import gc
@@ -307,3 +315,87 @@ def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch):
     for name, value in ref_taps.items():
         assert taps[name].shape == value.shape and taps[name].dtype == value.dtype, name
         assert torch.equal(taps[name], value), name
+
+
+# a few of them through the other routes: the gate (check and budget components) and the
+# pytest plugin's gate items, each in a process of its own
+ROUTES = ["h_tile_rows", "h_grandchild", "h_write_back_cache"]
+PLUGIN_ROUTES = ["h_tile_rows", "h_fake_lines"]
+
+
+@linux_only
+@needs_seccomp
+@needs_landlock
+@pytest.mark.parametrize("name", ROUTES)
+def test_gate_route_rejects(hostile_dir, tmp_path, name):
+    import json
+    _, status, word = HOSTILE[name]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(hostile_dir)])}
+    out = tmp_path / "gate"
+    proc = subprocess.run([sys.executable, "-m", "fuseval.cli", "gate", "--op", OP, "--impl", f"{name}:impl",
+                           "--skip", "properties", "--cases", "0", "--seeds", "1", "--budget-cases", "0",
+                           "--timeout", "60", "--out", str(out), "--quiet"], capture_output=True, text=True,
+                          env=env, cwd=str(hostile_dir), timeout=240)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode == status, (proc.returncode, text[-3000:])
+    assert "GATE FAILED" in text and "Traceback" not in text
+    doc = json.loads((out / "gate.json").read_text())
+    components = {c["name"]: c for c in doc["components"]}
+    assert word in json.dumps(components["check"]["data"]), name
+    assert components["budget"]["status"] == "fail", components["budget"]["summary"]
+    for line in text.splitlines():
+        if "GATE PASSED" in line:
+            assert line.startswith("  | "), line
+
+
+@linux_only
+def test_plugin_route_rejects(hostile_dir, tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(hostile_dir)])}
+    args = [f"--fuseval-gate={OP}={name}:impl" for name in PLUGIN_ROUTES]
+    import importlib.metadata
+    registered = any(ep.name == "fuseval" and ep.value == "fuseval.pytest_plugin"
+                     for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if registered else ["-p", "fuseval.pytest_plugin"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
+                           "-q", "-p", "no:xdist", *args, "--fuseval-components=check", "--fuseval-cases=0",
+                           "--fuseval-seeds=1", "--fuseval-timeout=60", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
+    text = proc.stdout + proc.stderr
+    assert f"{len(PLUGIN_ROUTES)} failed, 1 passed" in text, text[-3000:]
+
+
+def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
+    """Thousands of stage taps, and a tap of 2**33 elements that is one number strided 0:
+    refused as bad_outputs before fuseval allocates anything for them."""
+    import torch
+    from fuseval import isolation
+    from fuseval.definitions import load
+    from fuseval.inputs import generate_inputs
+    (tmp_path / "h_taps.py").write_text(textwrap.dedent(COMMON) + textwrap.dedent('''
+    def impl(*a):
+        return torch_eager(*a)
+    def _staged(*a, taps=None, override=None):
+        if taps is not None:
+            for i in range(2000):
+                taps[f"proj.{i}"] = torch.zeros(4)
+        return torch_eager(*a)
+    def _huge(*a, taps=None, override=None):
+        if taps is not None:
+            taps["proj"] = torch.zeros(1).expand(1 << 33)
+        return torch_eager(*a)
+    impl.staged = _staged
+    def huge(*a):
+        return torch_eager(*a)
+    huge.staged = _huge
+    '''))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(isolation, "ISOLATE", True)
+    defn = load(OP, config="tiny")
+    inputs = generate_inputs(defn, defn.cases("0")[0].axes, seed=1)
+    for name in ("h_taps:impl", "h_taps:huge"):
+        runner = isolation.IsolatedImpl(name, defn, "cpu")
+        with pytest.raises(isolation.IsolationViolation, match="bad_outputs"):
+            runner.staged(*inputs, taps={}, override={})
+        del runner
+    del torch

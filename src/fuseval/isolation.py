@@ -231,15 +231,27 @@ class IsolatedImpl:
             said = f"; it printed: {res.output.strip()[-600:]!r}" if res.output.strip() else ""
             raise IsolationViolation(res.violations[0], "; ".join(res.messages) + said)
 
+    def _expected(self, inputs):
+        """(shape, dtype) of each output the definition gives for these inputs: what
+        bounds the buffers fuseval allocates for the answer and its taps."""
+        from .inputs import TORCH_DTYPES
+        from .validate import bind_axes
+        defn = self.worker.defn
+        try:
+            bound = bind_axes(defn, inputs, check_values=False)
+            return [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+        except Exception:  # noqa: BLE001 - inputs the definition cannot bind: the default bound
+            return None
+
     def __call__(self, *inputs):
-        res = self.worker.call(inputs, deadline=self._deadline())
+        res = self.worker.call(inputs, deadline=self._deadline(), expected=self._expected(inputs))
         self._raise_for(res)
         return res.outputs
 
     def _staged(self, *inputs, taps=None, override=None):
         stop = getattr(taps, "stop", None)
         res = self.worker.call(inputs, which="staged", override=override, stop=stop, deadline=self._deadline(),
-                               want_taps=taps is not None)
+                               want_taps=taps is not None, expected=self._expected(inputs))
         self._raise_for(res)
         if taps is not None:
             for k, v in res.taps.items():

@@ -209,7 +209,7 @@ class _Worker:
         tname = type(out).__qualname__ if type(out).__module__ == "builtins" else \
             f"{type(out).__module__}.{type(out).__qualname__}"
         self.reply({"status": "ok", "seconds": seconds, "shape": shape, "type": cut(tname, 200),
-                    "outputs": described, "taps": tap_desc, **integ})
+                    "outputs": described, "taps": tap_desc, "n_taps": len(taps), **integ})
         fill = self.conn.recv()
         if fill[0] != "fill":
             return

@@ -58,7 +58,8 @@ def output_spec(d: Any, what: str, res: Any, limit: int, device: str):
     return (tuple(shape), dtype), None
 
 
-def tap_specs(items: list, res: Any, limit: int, defn: Any, device: str) -> tuple[list, list[str | None]]:
+def tap_specs(items: list, res: Any, limit: int, defn: Any, device: str,
+              described: Any = None) -> tuple[list, list[str | None]]:
     """Buffers for the stage taps a call described, one per described tap in the
     worker's order (None where a tap is not read): at most :data:`MAX_TAPS`, named by
     the definition's stages (``stage`` or ``stage.part``), together no larger than the
@@ -78,8 +79,9 @@ def tap_specs(items: list, res: Any, limit: int, defn: Any, device: str) -> tupl
             total += math.prod(spec[0]) * torch.empty((), dtype=spec[1]).element_size()
         specs.append(spec)
         names.append(name if spec is not None else None)
-    if len(items) > MAX_TAPS:
-        res.add("bad_outputs", f"the implementation handed back {len(items)} stage taps; at most {MAX_TAPS} are read")
+    count = max(len(items), described if isinstance(described, int) else 0)
+    if count > MAX_TAPS:
+        res.add("bad_outputs", f"the implementation handed back {count} stage taps; at most {MAX_TAPS} are read")
     return specs, names
 
 

@@ -398,7 +398,8 @@ class Worker:
             for j in (d.get("aliases", []) if isinstance(d, dict) else [])[:n_inputs]:
                 if isinstance(j, int) and 0 <= j < n_inputs:
                     res.aliases.append((i, j))
-        taps, tap_names = tap_specs(reply.get("taps") or [] if want_taps else [], res, limit, self.defn, self.device)
+        taps, tap_names = tap_specs(reply.get("taps") or [] if want_taps else [], res, limit, self.defn, self.device,
+                                    described=reply.get("n_taps"))
         buffers = transport.output_buffers(out_specs + taps, self.device)
         try:
             self._send(("fill", buffers.payload[:len(out_specs)], buffers.payload[len(out_specs):],
