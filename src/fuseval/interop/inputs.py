@@ -182,12 +182,12 @@ def _seeded_global_generators(seed: int, device: torch.device):
         np.random.set_state(np_state)
 
 
-def _custom_inputs(problem: Problem, module: Any, workload: Workload, axes: Mapping[str, int], seed: int,
+def _custom_inputs(problem: Problem, workload: Workload, axes: Mapping[str, int], seed: int,
                    device: torch.device) -> dict[str, Any]:
-    fn = getattr(module, problem.custom_inputs_entrypoint)
+    from .problem_code import custom_inputs
     scalars = {n: s["value"] for n, s in workload.inputs.items() if s.get("type") == "scalar"}
     with torch.no_grad(), _seeded_global_generators(seed, device):
-        values = fn({**axes, **scalars}, device)
+        values = custom_inputs(problem, {**axes, **scalars}, device)
     where = f"problem {problem.name!r}: {problem.custom_inputs_entrypoint}()"
     if not isinstance(values, dict):
         raise ProblemError(f"{where} returned {type(values).__name__}, expected a dict of inputs by name")
@@ -198,11 +198,11 @@ def _custom_inputs(problem: Problem, module: Any, workload: Workload, axes: Mapp
     return {n: values[n] for n in wanted}
 
 
-def draw_inputs(problem: Problem, module: Any, workload: Workload, seed: int,
+def draw_inputs(problem: Problem, workload: Workload, seed: int,
                 device: str | torch.device = "cpu") -> dict[str, Any]:
     """One draw of ``workload``'s inputs by name, as the benchmark passes them (fp4 tensors
-    as ``torch.float4_e2m1fn_x2``). ``module``: the problem's loaded reference module (for
-    its custom entry point)."""
+    as ``torch.float4_e2m1fn_x2``); custom inputs come from the problem's entry point
+    (:func:`fuseval.interop.problem_code.custom_inputs`)."""
     from ..definitions import evaluate_expression
     device = torch.device(device)
     if workload.unsupported:
@@ -214,7 +214,7 @@ def draw_inputs(problem: Problem, module: Any, workload: Workload, seed: int,
         if a["type"] == "expr":
             axes[n] = int(evaluate_expression(a["expression"], axes))
     custom = any(s.get("type") == "custom" for s in workload.inputs.values())
-    values = _custom_inputs(problem, module, workload, axes, seed, device) if custom else {}
+    values = _custom_inputs(problem, workload, axes, seed, device) if custom else {}
     for name, spec in workload.inputs.items():
         kind = spec["type"]
         if kind == "scalar":
