@@ -49,7 +49,7 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..definitions import Definition, load
-from ..inputs import MODES, generate_inputs, input_generator
+from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
 from .hooks import PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 
@@ -567,4 +567,4 @@ def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: i
             if recipe.noncontiguous:
                 v = _noncontiguous(v)
         out.append(v)
-    return out
+    return DrawnInputs(out, var_axes)
