@@ -51,7 +51,7 @@ from .validate import bind_axes, check_outputs_shape
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
-           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS"]
+           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS", "oracle_note"]
 
 # what the benchmark compares against: the implementation name of its reference
 SOL_REFERENCE = "sol_reference"
@@ -107,6 +107,9 @@ class CaseResult:
     timings: dict[str, float] = field(default_factory=dict)
     # the outputs on which this case's tolerance is blind (comparison.blind_outputs)
     blind: list[BlindOutput] = field(default_factory=list)
+    # None: compared with the oracle the check names; else why the oracle was the reference
+    # in its own precision (an imported problem's reference that could not be lifted)
+    oracle: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -268,6 +271,17 @@ class CheckReport:
         return [b for c in self.cases for b in c.blind]
 
     @property
+    def oracle_notes(self) -> list[str]:
+        """Why cases were judged against the reference in its own precision (one line each
+        distinct reason, naming the cases), when the check was against the float64 oracle."""
+        by_note: dict[str, list[int]] = {}
+        for c in self.cases:
+            if c.oracle:
+                by_note.setdefault(c.oracle, []).append(c.case)
+        return [f"the reference in its own precision on case(s) {', '.join(map(str, cases))}, because {note}"
+                for note, cases in by_note.items()]
+
+    @property
     def predicted_passed(self) -> bool | None:
         """The benchmark's predicted verdict over all cases (None: not predicted)."""
         preds = [c.predicted for c in self.cases]
@@ -281,6 +295,7 @@ class CheckReport:
         d["predicted_passed"] = self.predicted_passed
         d["timings"] = self.timings
         d["blind"] = [asdict(b) for b in self.blind]
+        d["oracle_notes"] = self.oracle_notes
         return d
 
     def rows(self) -> list[dict[str, Any]]:
@@ -388,8 +403,10 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                                 [f"not run: the implementation timed out on case {timed_out} of this run"],
                                 False, 0.0, 0.0, seed + case.index, asdict(tol), timings=dict(Timings()))
         else:
+            oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
                               inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
+            result.oracle = oracle_note(reference)
             if "timeout" in result.violations:
                 timed_out = case.index
             if save_failing and not result.passed and replayed is None:
@@ -401,6 +418,19 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                        asdict(defn.tolerance), results, defn.variant, against, rules, isolated=isolated,
                        case_config=defn.case_config, setup_seconds=setup,
                        wall_seconds=time.perf_counter() - t_start)
+
+
+def oracle_note(reference: Callable) -> str | None:
+    """Why the calls of ``reference`` since the last question were not the oracle they claim
+    to be, and forget it: an oracle says so in its ``oracle_notes`` (an imported problem's
+    reference that could not be lifted to float64 appends the lift's reason per call; the
+    comparison was then against the reference in its own precision). None: nothing said."""
+    notes = getattr(reference, "oracle_notes", None)
+    if not notes:
+        return None
+    said = "; ".join(dict.fromkeys(notes))
+    notes.clear()
+    return said
 
 
 def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,

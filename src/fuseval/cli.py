@@ -112,8 +112,10 @@ def main(argv=None) -> int:
         if is_out_of_memory(exc):
             if os.environ.get("FUSEVAL_DEBUG"):
                 traceback.print_exc()
-            print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} "
-                  "(try a smaller --config or fewer --cases)", file=sys.stderr)
+            hint = ("fewer or smaller --cases: a problem folder's sizes are its workloads"
+                    if getattr(args, "problems", None) or args.command in ("import", "sweep")
+                    else "try a smaller --config or fewer --cases")
+            print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} ({hint})", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
         traceback.print_exc()
         print(f"fuseval {args.command}: internal error: {type(exc).__name__}: {exc} "

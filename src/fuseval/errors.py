@@ -17,6 +17,7 @@ EXIT_IMPORT_ERROR = 4          # the implementation path does not import or is n
 EXIT_BAD_FILE = 5              # malformed budget / baseline / report file
 EXIT_NO_DEVICE = 6             # --device cuda without a GPU, or similar
 EXIT_OUT_OF_MEMORY = 7         # out of memory (the implementation's, or fuseval's at this size)
+EXIT_NO_FLOAT64_ORACLE = 8     # a float64 verdict was asked for, but the oracle was the reference in its own precision
 EXIT_NONFINITE = 10            # an output had NaN/Inf the oracle does not have
 EXIT_BAD_OUTPUTS = 11          # wrong number, type, shape or dtype of outputs
 EXIT_IMPL_RAISED = 12          # the implementation raised

@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..check import ReplayFileError, check
-    from ..errors import UsageError, exit_code_for
+    from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, exit_code_for
     from ..jsonio import dumps
     from ..report import case_progress, print_check_report
     from . import operator_definition, writable_file
@@ -60,4 +60,9 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             f.write(dumps(report.to_dict(), indent=1) + "\n")
     violations = [v for c in report.cases for v in c.violations]
-    return exit_code_for(violations)
+    code = exit_code_for(violations)
+    if code == 0 and args.against == "reference" and report.oracle_notes:
+        print(f"fuseval check: the float64 verdict asked for (--against reference) could not be given: "
+              f"{report.oracle_notes[0]} (exit {EXIT_NO_FLOAT64_ORACLE})", file=sys.stderr)
+        return EXIT_NO_FLOAT64_ORACLE
+    return code

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..errors import EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK, exit_code_for
+from ..errors import EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_NO_FLOAT64_ORACLE, EXIT_OK, exit_code_for
 from .inputs import GateContext
 from .results import ComponentResult, TestResult
 
@@ -92,12 +92,18 @@ def check_component(ctx: GateContext) -> ComponentResult:
     if status == "fail" or blind or (status == "warn" and ctx.strict):
         status = "fail"
     exit_code = EXIT_OK if status != "fail" else (exit_code_for(violations) if violations else EXIT_CHECK_FAILED)
+    # the gate's verdict is against the float64 oracle: one that was not made is said, and fails
+    not_float64 = list(dict.fromkeys(note for rep in stats.reports for note in rep.oracle_notes))
+    if not_float64 and exit_code == EXIT_OK:
+        status, exit_code = "fail", EXIT_NO_FLOAT64_ORACLE
     tests = _case_tests(ctx, stats) + _margin_tests(ctx, stats)
     if blind:
         tests.append(TestResult("blind tolerance", "fail", 0.0, blind[0], "\n".join(blind)))
     quiet = tuple(f"{m.output} {m.metric}" for m in stats.metrics if m.verdict == "pass" or m.threshold is None)
-    messages = blind + [ln for ln in stats.lines() if not ln.startswith(quiet)]
-    summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "")
+    messages = [f"oracle: {note}" for note in not_float64] + blind + \
+        [ln for ln in stats.lines() if not ln.startswith(quiet)]
+    summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "") \
+        + (f"; no float64 oracle ({not_float64[0]})" if not_float64 else "")
     files = {}
     if ctx.out:
         path = os.path.join(ctx.out, f"check-{ctx.op}.json")

@@ -6,8 +6,9 @@ spawned to run an implementation imports the same module by name. It holds:
 
 * ``reference(*inputs)``: the oracle, the problem's reference lifted to float64
   (:mod:`fuseval.interop.lift`); ``last_lift`` is the :class:`LiftReport` of its last call,
-  and ``reference.oracle_note`` says why that call's oracle is the reference in its own
-  precision (None: it was lifted), for the check to report;
+  and ``reference.oracle_notes`` gets, per call that could not be lifted, why that call's
+  oracle is the reference in its own precision (:func:`fuseval.check.oracle_note` reads
+  and clears it);
 * ``sol_reference(*inputs)``: the reference as written (what the benchmark compares
   against; ``torch._scaled_mm`` emulated only where the machine cannot run it);
 * ``benchmark_inputs(defn, axes, seed, device=)``: the input hook (the workload's own
@@ -126,7 +127,8 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         result = problem_code.run_reference(problem, problem_inputs.to_benchmark(problem, inputs), lifted=True)
         module.last_lift = result.report
         # a reference that could not be lifted says so to whoever compares against it
-        reference.oracle_note = None if result.report.lifted else result.report.note
+        if not result.report.lifted:
+            reference.oracle_notes.append(result.report.note)
         return _outputs_to_fuseval(result.lifted)
 
     def sol_reference(*inputs):
@@ -169,7 +171,7 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
     for fn in (reference, sol_reference, benchmark_inputs):
         fn.__module__ = module.__name__
         fn.__qualname__ = fn.__name__
-    reference.oracle_note = None
+    reference.oracle_notes = []
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
