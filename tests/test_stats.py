@@ -133,9 +133,11 @@ def test_hygiene_runs_on_the_first_seed_only():
         calls["n"] += 1
         return torch_eager(*inputs)
     check_over_seeds(OP, counting, config="small", cases="0", seeds=3, hygiene="first")
-    # first seed: the call plus the hygiene's two (only the activations, only the weights
-    # drawn anew); then one call per seed
-    assert calls["n"] == 3 + 1 + 1
+    # first seed: the call plus the hygiene's later calls (the same inputs again, only the
+    # activations, only the weights drawn anew); then one call per seed
+    from fuseval.hygiene import CALLS_PER_CASE
+    assert CALLS_PER_CASE == 4
+    assert calls["n"] == CALLS_PER_CASE + 1 + 1
 
 
 def test_extra_seed_cases_limit_the_later_seeds():

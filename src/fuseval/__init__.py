@@ -14,22 +14,27 @@ Public API::
     fuseval.run_gate("all", "fast", profile="ci")                          # the CI gate
     fuseval.stats.check_over_seeds(...), fuseval.baseline.collect(...)     # verdicts, baselines
 
-``budget``, ``properties``, ``gate``, ``baseline``, ``stats``, ``fast`` and ``run_gate`` are
-imported on first use, so ``import fuseval`` stays quick and never imports Triton.
+Everything is imported on first use, so ``import fuseval`` stays quick and imports neither
+torch nor Triton: a worker process (:mod:`fuseval.worker_process`) must confine itself
+before torch starts its first thread.
 """
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 
 __version__ = "0.1.0"
 
-from . import definitions, ops
-from .check import CheckReport, check, compare
-from .definitions import load as load_definition
-from .inputs import generate_inputs
-
 # attribute -> (module, attribute or None for the module itself), imported on first access
 _LAZY = {
+    "check": ("fuseval.check", "check"),
+    "compare": ("fuseval.check", "compare"),
+    "CheckReport": ("fuseval.check", "CheckReport"),
+    "ops": ("fuseval.ops", None),
+    "definitions": ("fuseval.definitions", None),
+    "load_definition": ("fuseval.definitions", "load"),
+    "generate_inputs": ("fuseval.inputs", "generate_inputs"),
     "budget": ("fuseval.budget", None),
     "properties": ("fuseval.properties", None),
     "gate": ("fuseval.gate", None),
@@ -44,8 +49,24 @@ def __getattr__(name: str):
     if name in _LAZY:
         module_name, attr = _LAZY[name]
         module = importlib.import_module(module_name)
-        return module if attr is None else getattr(module, attr)
+        value = module if attr is None else getattr(module, attr)
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'fuseval' has no attribute {name!r}")
+
+
+class _Package(types.ModuleType):
+    """``fuseval.check`` is the function, as it always was, though a submodule has that
+    name too: importing the submodule (which sets the attribute to the module) leaves the
+    function in place; the module stays ``sys.modules["fuseval.check"]``."""
+
+    def __setattr__(self, name, value):
+        if name in _LAZY and isinstance(value, types.ModuleType) and _LAZY[name][1] is not None:
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __dir__():

@@ -43,8 +43,8 @@ from . import ops as _ops
 from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
 from .definitions import Case, Definition, Tolerance
 from .errors import VIOLATION_EXIT, NoDeviceError
-from .hygiene import (NO_OUTPUTS, fingerprint, input_groups, judge_partial_calls, partial_calls, poison_allocator,
-                      same_outputs)
+from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
+                      poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
 from .inputs import TORCH_DTYPES, generate_inputs
 from .validate import bind_axes, check_outputs_shape
@@ -110,6 +110,8 @@ class CaseResult:
     # None: compared with the oracle the check names; else why the oracle was the reference
     # in its own precision (an imported problem's reference that could not be lifted)
     oracle: str | None = None
+    hygiene_seed: int | None = None   # the seed of the later calls' inputs (drawn at random)
+    impl_output: str = ""           # what the implementation printed during the first call (its tail)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -144,7 +146,8 @@ def _predict(defn: Definition, outputs, sol_refs, tol: Tolerance) -> Prediction:
 def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torch.device,
              mode: str = "benchmark", reference: Callable | None = None,
              inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
-             predictor: Callable | None = None, timeout: float | None = None) -> CaseResult:
+             predictor: Callable | None = None, timeout: float | None = None,
+             hygiene_seed: int | None = None) -> CaseResult:
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
     ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
@@ -153,24 +156,23 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
     ``rules``: "fuseval" or "sol" (see ``RULES``); ``predictor``: when given (the
     benchmark's ``sol_reference``), the benchmark's verdict is predicted beside.
     ``timeout``: seconds every call of the implementation in this case may take together
-    (enforced for a worker only: a call in this process cannot be interrupted)."""
-    runner = impl if hasattr(impl, "call") and hasattr(impl, "recopy") else Local(impl, device)
+    (enforced for a worker only: a call in this process cannot be interrupted).
+    ``hygiene_seed``: the seed of the later calls' inputs (None: drawn at random)."""
+    runner = impl if hasattr(impl, "call") and hasattr(impl, "recheck_kept") else \
+        Local(impl, device, input_names=defn.input_names)
     reference = reference or _ops.resolve_impl(defn, "reference")
     tol = case.tolerance or defn.tolerance
     case_seed = seed + case.index
+    hygiene_seed = draw_hygiene_seed() if hygiene and hygiene_seed is None else hygiene_seed
     clock, verdict = Timings(), _Verdict()
     with clock("inputs"):
         if inputs is None:
             inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
         bound = bind_axes(defn, inputs, check_values=False)
-    with clock("hygiene"):
-        # fingerprints (a full int64 pass over every input) only when the hygiene rules use
-        # them; taken before the oracle runs, so an oracle that mutated its inputs shows too
-        before = [fingerprint(t) for t in inputs] if hygiene else None
     expected = [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
     out_bytes = sum(math.prod(defn.shape_of(s, bound)) * 4 for s in defn.outputs)
-    # the oracles run first, on the untouched inputs: an implementation that mutates its
-    # inputs is then compared with the answer to the question it was asked
+    # the oracles run first, on fuseval's own inputs: what the implementation does to its
+    # copy cannot change the question it is asked
     with clock("oracle"):
         t0 = time.perf_counter()
         refs = as_tuple(reference(*inputs))
@@ -181,58 +183,79 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
 
     deadline = _deadline(timeout)
     with clock("impl"):
-        res = runner.call(inputs, keep=hygiene, poison=2 * out_bytes, deadline=deadline, expected=expected)
+        res = runner.call(inputs, keep=hygiene, new_case=True, poison=2 * out_bytes, deadline=deadline,
+                          expected=expected)
 
     def result(metrics=(), predicted=None) -> CaseResult:
         names = verdict.names()
         return CaseResult(case.index, dict(case.axes), list(metrics), names, verdict.messages, not names,
-                          res.seconds, oracle_seconds, case_seed, asdict(tol), predicted, dict(clock), blind)
+                          res.seconds, oracle_seconds, case_seed, asdict(tol), predicted, dict(clock), blind,
+                          hygiene_seed=hygiene_seed, impl_output=getattr(res, "output", "")[-4000:])
 
     verdict.add(res.violations, res.messages)
     if any(v in NO_OUTPUTS or v in ("bad_outputs", "wrong_device") for v in res.violations):
+        runner.forget_kept()
+        busy = runner.settle()
+        if busy:
+            verdict.add(["lingering_thread"], [busy])
         return result()
     outputs = res.outputs
     problems = check_outputs_shape(defn, outputs, bound)
     if problems:
         verdict.add(["bad_outputs"], problems)
+        runner.forget_kept()
         return result()
 
     with clock("compare"):
         metrics = [compare(o, r, tol, s.name, rules) for o, r, s in zip(outputs, refs, defn.outputs)]
-        del refs
         predicted = _predict(defn, outputs, sol_refs, tol) if sol_refs is not None else None
         del sol_refs
     for m in metrics:
         for reason in m.reasons:
-            verdict.add([reason], [f"{m.name}: {reason} (max abs {m.max_abs:.3g}, matched {m.matched_ratio:.4%})"])
+            verdict.add([reason], [f"{m.name}: {reason} ({describe_metrics(m)})"])
 
     if hygiene:
         with clock("hygiene"):
-            _hygiene(defn, runner, case, case_seed, mode, device, inputs, before, res, outputs, bound, reference,
+            _hygiene(defn, runner, case, hygiene_seed, mode, device, inputs, res, outputs, refs, bound, reference,
                      tol, rules, all(m.passed for m in metrics), deadline, expected, verdict)
+    del refs
+    busy = runner.settle()
+    if busy:
+        verdict.add(["lingering_thread"], [busy])
     return result(metrics, predicted)
 
 
-def _hygiene(defn, runner, case, case_seed, mode, device, inputs, before, res, outputs, bound, reference, tol,
+def describe_metrics(m: OutputMetrics) -> str:
+    """The numbers a verdict on one output came from, in one line."""
+    text = f"max abs {m.max_abs:.3g}, matched {m.matched_ratio:.4%}"
+    if m.error_ratio is not None:
+        text += f", worst element {m.error_ratio:.3g}x its allowance, error RMS {m.rms_ratio:.3g}x the allowance's"
+    return text
+
+
+def _hygiene(defn, runner, case, hygiene_seed, mode, device, inputs, res, outputs, refs, bound, reference, tol,
              rules, numerics_passed, deadline, expected, verdict: _Verdict) -> None:
-    """The hygiene rules after the first call: mutated inputs, aliased outputs, the later
-    calls of the cached-result rule, and the first answer still intact after them."""
-    for spec, a, b in zip(defn.inputs, before, [fingerprint(t) for t in inputs]):
-        if a != b:
-            verdict.add(["mutated_input"], [f"input {spec.name!r} was modified by the implementation"])
+    """The hygiene rules after the first call: aliased outputs, the later calls of the
+    cached-result rule (each call's inputs verified by the runner), and every answer of the
+    case still intact after them."""
     for o_index, i_index in res.aliases:
         verdict.add(["aliased_output"], [f"output {defn.outputs[o_index].name!r} shares memory with input "
                                          f"{defn.inputs[i_index].name!r}"])
     first = [o.detach().clone() for o in outputs]
-    calls = partial_calls(defn, case, case_seed, inputs, mode, device)
+    calls = partial_calls(defn, case, hygiene_seed, inputs, mode, device)
     judge_partial_calls(defn, runner, calls, first, reference, tol, rules, numerics_passed,
                         "all_zero" in verdict.violations, deadline, expected,
-                        lambda out: check_outputs_shape(defn, out, bound), verdict.violations, verdict.messages)
+                        lambda out: check_outputs_shape(defn, out, bound), verdict.violations, verdict.messages,
+                        first_refs=refs, keep=True)
     del calls
-    # the first answer must still be what it was after all those calls
-    now = runner.recopy(first, deadline)
-    if now is not None and not same_outputs(first, now):
-        verdict.add(["output_reused"], ["a later call overwrote the outputs returned by the first"])
+    # every answer of the case must still be what it was when fuseval copied it
+    kept = runner.recheck_kept(deadline)
+    if kept is not None:
+        for k, (then, now) in enumerate(zip(*kept)):
+            if not same_outputs([t for t in then if t is not None], [n for n in now if n is not None]):
+                which = "the first call" if k == 0 else f"call {k + 1} of the case"
+                verdict.add(["output_reused"], [f"a later call overwrote the outputs returned by {which}"])
+                break
 
 
 # --------------------------------------------------------------------------- a whole check
@@ -254,6 +277,8 @@ class CheckReport:
     case_config: str = "seed"
     setup_seconds: float = 0.0      # before the first case: loading, starting the worker
     wall_seconds: float = 0.0       # the whole check
+    seed_drawn: bool = False        # the seed was drawn at random (no seed was given)
+    confinement: str = ""           # how the implementation's worker was confined
 
     @property
     def passed(self) -> bool:
@@ -344,12 +369,19 @@ def validate_selection(selection: Any, n: int) -> None:
 
 def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
           cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
-          seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
+          seed: int | None = None, mode: str = "benchmark", hygiene: bool = True,
           progress: Callable[[CaseResult, int, int], None] | None = None,
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
           predict: bool = True, isolate: bool | None = None, timeout: float | None = None,
-          save_failing: str | None = None, replay: str | None = None) -> CheckReport:
+          save_failing: str | None = None, replay: str | None = None,
+          hygiene_seed: int | None = None) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
+
+    ``seed``: case i draws its inputs from seed + i; None (the default) draws the seed at
+    random (``report.seed`` has it, ``report.seed_drawn`` says so), so that an
+    implementation cannot know the checked inputs in advance. The later calls of the
+    hygiene rules draw from seeds of their own, at random per case (``hygiene_seed``
+    fixes them, to replay a case exactly; each case records its own).
 
     ``config``: "seed" (full size), "small" or another named scaled-down configuration.
     ``variant``: a named semantic variant of the operator (default: the benchmark's).
@@ -373,18 +405,24 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     t_start = time.perf_counter()
     if rules not in RULES:
         raise ValueError(f"rules: expected one of {', '.join(RULES)}, got {rules!r}")
-    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout)):
-        raise ValueError(f"timeout: expected a number of seconds >= 0 (0: none), got {timeout!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
+                                or not math.isfinite(timeout)):
+        raise ValueError(f"timeout: expected a finite number of seconds >= 0 (0: none), got {timeout!r}")
+    seed_drawn = seed is None
+    seed = draw_seed() if seed is None else validate_seed(seed, "seed")
+    if hygiene_seed is not None:
+        validate_seed(hygiene_seed, "hygiene_seed")
     operator = _ops.get(op, config, variant)
     defn = operator.definition
+    validate_against(defn, impl, against)
     if impl == "reference":
-        raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
-                         "check 'reference_fp32' for the float32 reference, or another implementation")
+        raise ValueError(reference_refusal(defn))
     dev = resolve_device(device)
     replayed = None
     if replay is not None:
         replayed, meta = read_replay(replay, defn, dev)
         cases, seed, mode = [meta["case"]], meta["seed"] - meta["case"], meta.get("mode", mode)
+        seed_drawn = False
     validate_selection(cases, len(defn.seed_cases))
     runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
     reference = operator.implementation(against)
@@ -405,7 +443,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
         else:
             oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
-                              inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
+                              inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout,
+                              hygiene_seed=hygiene_seed)
             result.oracle = oracle_note(reference)
             if "timeout" in result.violations:
                 timed_out = case.index
@@ -417,7 +456,40 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
                        asdict(defn.tolerance), results, defn.variant, against, rules, isolated=isolated,
                        case_config=defn.case_config, setup_seconds=setup,
-                       wall_seconds=time.perf_counter() - t_start)
+                       wall_seconds=time.perf_counter() - t_start, seed_drawn=seed_drawn,
+                       confinement=getattr(runner, "confinement_text", "in fuseval's own process (trusted)"))
+
+
+def draw_seed() -> int:
+    """An input seed from the operating system's random source (what ``check`` and the
+    gate use unless told a seed): the inputs of a run cannot be known before it."""
+    import secrets
+    return secrets.randbelow(2 ** 31 - 1)
+
+
+def validate_seed(seed: Any, what: str) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
+        raise ValueError(f"{what}: expected an integer in [0, 2**63), got {seed!r}")
+    return seed
+
+
+def reference_refusal(defn: Definition) -> str:
+    """Why 'reference' is not an implementation to check, naming the ones that are."""
+    others = [name for name in defn.implementations if name != "reference"]
+    return ("'reference' is the float64 oracle itself (its outputs are float64, unrounded); check another "
+            f"of {defn.name}'s implementations ({', '.join(others) or 'none'}) or 'module:function'")
+
+
+def validate_against(defn: Definition, impl: Any, against: Any) -> None:
+    """``against`` names one of the operator's own implementations (fuseval's code, run in
+    fuseval's process), never a 'module:function' of the user's, and not the
+    implementation under check itself."""
+    if not isinstance(against, str) or against not in defn.implementations:
+        raise ValueError(f"against: expected one of the operator's own implementations "
+                         f"({', '.join(defn.implementations)}), got {against!r}: what a verdict compares with "
+                         "runs in fuseval's process, so it is never an implementation of the user's")
+    if isinstance(impl, str) and impl == against:
+        raise ValueError(f"against: the implementation under check ({impl!r}) cannot be what it is compared with")
 
 
 def oracle_note(reference: Callable) -> str | None:
@@ -489,4 +561,5 @@ def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout:
         worker = isolation.worker_for(impl, operator.definition, str(device))
         return worker, True, isolation.DEFAULT_TIMEOUT if timeout is None else timeout
     baseline = integrity.snapshot()       # before the implementation is imported
-    return Local(operator.implementation(impl), device, baseline=baseline), False, timeout
+    return Local(operator.implementation(impl), device, baseline=baseline,
+                 input_names=operator.definition.input_names), False, timeout

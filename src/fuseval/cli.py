@@ -17,7 +17,8 @@ import os
 import sys
 import traceback
 
-from .errors import EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_OUT_OF_MEMORY, EXIT_USAGE, FusevalError, is_out_of_memory
+from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_OUT_OF_MEMORY, EXIT_RESOURCE_LIMIT, EXIT_USAGE, FusevalError,
+                     is_out_of_memory, resource_message)
 
 # name -> one-line help; the module fuseval.commands.<name> implements it
 COMMANDS = {
@@ -85,7 +86,17 @@ def _register_problems(args) -> None:
                                "name the operator(s) with --op", EXIT_USAGE)
 
 
+def seal_import_path() -> None:
+    """fuseval's process imports nothing from the working folder: ``python -m`` put it
+    first on the search path, where a module of the same name as one fuseval imports later
+    would be taken instead. (An implementation named 'module:function' is imported by its
+    worker, whose path has the folder; see fuseval.worker_process.)"""
+    cwd = os.path.realpath(os.getcwd())
+    sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != cwd]
+
+
 def main(argv=None) -> int:
+    seal_import_path()
     parser, handlers = build_parser()
     args = parser.parse_args(argv)
     if not args.command:
@@ -108,6 +119,15 @@ def main(argv=None) -> int:
             traceback.print_exc()
         print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
         return exc.exit_code
+    except OSError as exc:
+        limit = resource_message(exc)
+        if limit is None:
+            return _internal(args, exc)
+        if os.environ.get("FUSEVAL_DEBUG"):
+            traceback.print_exc()
+        with contextlib.suppress(OSError):
+            print(f"fuseval {args.command}: error: {limit}: {_first_line(exc)}", file=sys.stderr)
+        return EXIT_RESOURCE_LIMIT
     except Exception as exc:  # noqa: BLE001 - whatever is left is out of memory or a bug
         if is_out_of_memory(exc):
             if os.environ.get("FUSEVAL_DEBUG"):
@@ -117,10 +137,14 @@ def main(argv=None) -> int:
                     else "try a smaller --config or fewer --cases")
             print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} ({hint})", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
-        traceback.print_exc()
-        print(f"fuseval {args.command}: internal error: {type(exc).__name__}: {exc} "
-              "(this is a bug in fuseval; please report it)", file=sys.stderr)
-        return EXIT_INTERNAL
+        return _internal(args, exc)
+
+
+def _internal(args, exc: BaseException) -> int:
+    traceback.print_exc()
+    print(f"fuseval {args.command}: internal error: {type(exc).__name__}: {exc} "
+          "(this is a bug in fuseval; please report it)", file=sys.stderr)
+    return EXIT_INTERNAL
 
 
 if __name__ == "__main__":

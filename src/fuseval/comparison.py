@@ -14,6 +14,12 @@ case still needs the tolerance's matched ratio; ``OutputMetrics.exact`` says so 
 report. The ``sol`` rules keep the benchmark's own comparison (float32 and its tolerance,
 for integers too), since they predict its verdict.
 
+fuseval's rules also bound the worst element and the error's RMS, each relative to the
+elements' allowance ``atol + rtol*|ref|`` (``Tolerance.max_error_ratio``,
+``Tolerance.max_rms_ratio``; reasons ``worst_element`` and ``error_rms``): a matched ratio
+leaves a few elements unjudged, and garbage there (1e30 in one row of every tile) would
+pass it. The ``sol`` rules have neither bound: they predict the benchmark's verdict exactly.
+
 ``blind_outputs`` reports the outputs on which a tolerance is blind: where the absolute
 tolerance is at least a tenth of the output's RMS, an error of 10% of the output's size
 passes every element, so a kernel off by that much would be judged correct.
@@ -54,6 +60,10 @@ class OutputMetrics:
     reasons: list[str] = field(default_factory=list)
     worst_index: tuple[int, ...] | None = None
     exact: bool = False     # compared exactly (integer / bool output): atol and rtol did not apply
+    # fuseval's own bounds (its rules): the worst element's |out - ref| over its allowance
+    # atol + rtol*|ref|, and the error's RMS over the allowance's RMS (None: not computed)
+    error_ratio: float | None = None
+    rms_ratio: float | None = None
 
     def margin(self, tol: Tolerance) -> float:
         """Matched ratio minus the required ratio (negative: failing)."""
@@ -75,9 +85,10 @@ def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "o
     # is NaN/Inf (e.g. a NaN scale code decoded as some number silently repairs a value the
     # format defines as poisoned)
     bad_nonfinite = (~both & ~same_nonfinite).sum()
-    ok = same_nonfinite | (both & (diff <= tol.atol + tol.rtol * r.abs()))
+    allowance = tol.atol + tol.rtol * r.abs()
+    ok = same_nonfinite | (both & (diff <= allowance))
     all_zero = (o == 0).all() & ((r != 0) & torch.isfinite(r)).any()
-    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol)
+    return _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol, allowance)
 
 
 def _float_elements(out: torch.Tensor, ref: torch.Tensor):
@@ -173,18 +184,25 @@ def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(index))
 
 
-def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> OutputMetrics:
+def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol, allowance=None) -> OutputMetrics:
     """The summary of one comparison: error statistics and the reasons it fails.
     ``bad_nonfinite`` and ``all_zero`` may be tensors on the device: every number is read
-    from it in one copy (:func:`read_scalars`)."""
+    from it in one copy (:func:`read_scalars`). ``allowance`` (fuseval's rules): each
+    element's atol + rtol*|ref|, for fuseval's own bounds."""
     numel = o.numel()
     if numel == 0:
         return OutputMetrics(name, 0.0, 0.0, 0.0, 1.0, 0, 0, False, True, [], None)
     finite_diff = _finite_or_zero(diff.to(torch.float64), both)      # >= 0 where both are finite
-    (n_ok, n_both, max_abs, sum_abs, ref_norm, err_norm, worst_flat, bad_nonfinite, all_zero) = read_scalars(
-        [ok.sum(), both.sum(), finite_diff.max(), finite_diff.sum(),
-         torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both)),
-         torch.linalg.vector_norm(finite_diff), torch.argmax(diff.flatten()), bad_nonfinite, all_zero], o.device)
+    scalars = [ok.sum(), both.sum(), finite_diff.max(), finite_diff.sum(),
+               torch.linalg.vector_norm(_finite_or_zero(r.to(torch.float64), both)),
+               torch.linalg.vector_norm(finite_diff), torch.argmax(diff.flatten()), bad_nonfinite, all_zero]
+    if allowance is not None:
+        allow = _finite_or_zero(allowance, both)
+        # an element with no allowance (atol 0, ref 0) that is exact uses none of it
+        used = torch.where(finite_diff > 0, finite_diff / allow, torch.zeros_like(finite_diff))
+        scalars += [used.max(), torch.linalg.vector_norm(allow)]
+    values = read_scalars(scalars, o.device)
+    (n_ok, n_both, max_abs, sum_abs, ref_norm, err_norm, worst_flat, bad_nonfinite, all_zero) = values[:9]
     n_both, bad_nonfinite, all_zero = int(n_both), int(bad_nonfinite), bool(all_zero)
     matched = n_ok / numel
     if not n_both:
@@ -202,10 +220,19 @@ def _metrics(name, o, r, diff, ok, both, bad_nonfinite, all_zero, tol) -> Output
         reasons.append("tolerance")
     if tol.max_abs_error is not None and max_abs > tol.max_abs_error:
         reasons.append("max_abs")
+    error_ratio = rms_ratio = None
+    if allowance is not None:
+        error_ratio = values[9] if n_both else 0.0
+        allow_norm = values[10]
+        rms_ratio = err_norm / allow_norm if allow_norm > 0 else (0.0 if err_norm == 0 else math.inf)
+        if tol.max_error_ratio is not None and error_ratio > tol.max_error_ratio:
+            reasons.append("worst_element")
+        if tol.max_rms_ratio is not None and rms_ratio > tol.max_rms_ratio:
+            reasons.append("error_rms")
     # (torch.unravel_index would import sympy, seconds of CPU, on its first call)
     worst = _unravel(int(worst_flat), o.shape)
     return OutputMetrics(name, max_abs, mean_abs, rel_l2, matched, numel, bad_nonfinite, all_zero,
-                         not reasons, reasons, worst)
+                         not reasons, reasons, worst, error_ratio=error_ratio, rms_ratio=rms_ratio)
 
 
 # --------------------------------------------------------------------------- blind tolerances

@@ -17,7 +17,8 @@ EXIT_IMPORT_ERROR = 4          # the implementation path does not import or is n
 EXIT_BAD_FILE = 5              # malformed budget / baseline / report file
 EXIT_NO_DEVICE = 6             # --device cuda without a GPU, or similar
 EXIT_OUT_OF_MEMORY = 7         # out of memory (the implementation's, or fuseval's at this size)
-EXIT_NO_FLOAT64_ORACLE = 8     # a float64 verdict was asked for, but the oracle was the reference in its own precision
+EXIT_RESOURCE_LIMIT = 8        # a limit of the machine stops fuseval: open files, file size, disk space
+EXIT_OUTPUT = 9                # a report could not be written where it was asked for
 EXIT_NONFINITE = 10            # an output had NaN/Inf the oracle does not have
 EXIT_BAD_OUTPUTS = 11          # wrong number, type, shape or dtype of outputs
 EXIT_IMPL_RAISED = 12          # the implementation raised
@@ -26,6 +27,7 @@ EXIT_REGRESSION = 14           # baseline compare found a regression
 EXIT_TIMEOUT = 15              # the implementation did not return within the case's timeout
 EXIT_IMPL_DIED = 16            # the implementation ended its process: sys.exit, os._exit, a crash, a signal
 EXIT_TAMPERED = 17             # the implementation patched the functions a verdict relies on, or left threads running
+EXIT_NO_FLOAT64_ORACLE = 18    # a float64 verdict was asked for, but the oracle was the reference in its own precision
 EXIT_INTERNAL = 70             # a bug in fuseval itself
 EXIT_BROKEN_PIPE = 141         # stdout was closed by its reader (`fuseval list | head`); the shell's code for SIGPIPE
 
@@ -33,6 +35,7 @@ EXIT_BROKEN_PIPE = 141         # stdout was closed by its reader (`fuseval list 
 VIOLATION_EXIT = (
     ("tampered", EXIT_TAMPERED),
     ("lingering_thread", EXIT_TAMPERED),
+    ("child_process", EXIT_TAMPERED),
     ("exited", EXIT_IMPL_DIED),
     ("crashed", EXIT_IMPL_DIED),
     ("timeout", EXIT_TIMEOUT),
@@ -47,6 +50,9 @@ VIOLATION_EXIT = (
     ("output_reused", EXIT_HYGIENE),
     ("all_zero", EXIT_CHECK_FAILED),
     ("max_abs", EXIT_CHECK_FAILED),
+    # fuseval's own bounds: the worst element's error, the error's RMS (comparison.py)
+    ("worst_element", EXIT_CHECK_FAILED),
+    ("error_rms", EXIT_CHECK_FAILED),
     ("tolerance", EXIT_CHECK_FAILED),
     # the tolerance of an output cannot see an error of 10% of its RMS: the check warns,
     # the gate fails, since a verdict of that check says nothing about that output
@@ -103,6 +109,33 @@ class BadFileError(FusevalError, ValueError):
 class NoDeviceError(FusevalError, ValueError):
     """A CUDA device was asked for and torch sees none."""
     exit_code = EXIT_NO_DEVICE
+
+
+class ResourceLimitError(FusevalError):
+    """A limit of the machine (open files, file size, disk space) stops fuseval itself."""
+    exit_code = EXIT_RESOURCE_LIMIT
+
+
+class OutputError(FusevalError):
+    """A report file could not be written (its folder replaced by a file, no permission)."""
+    exit_code = EXIT_OUTPUT
+
+
+# errno -> what the limit is, for the limits of the machine that stop fuseval
+RESOURCE_ERRNOS = {24: "too many open files (the open-file limit, ulimit -n)",
+                   23: "too many open files on the machine",
+                   27: "a file grew past the file-size limit (ulimit -f)",
+                   28: "no space left on the device",
+                   122: "the disk quota is exceeded"}
+
+
+def resource_message(exc: OSError) -> str | None:
+    """One line for an OSError that is a limit of the machine, else None."""
+    what = RESOURCE_ERRNOS.get(getattr(exc, "errno", None))
+    if what is None:
+        return None
+    where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+    return f"{what}{where}"
 
 
 class OutOfMemory(FusevalError):

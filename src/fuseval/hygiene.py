@@ -1,19 +1,26 @@
 """The hygiene rules of a check: what an implementation may not do besides computing wrong numbers.
 
-* ``mutated_input``: an input's content changed by the call (a bitwise ``fingerprint``
-  before and after);
+* ``mutated_input``: an input written by a call, any call of the case (the worker's runner
+  sees it from fuseval's side, :mod:`fuseval.isolation`; in fuseval's own process a
+  bitwise ``fingerprint`` before and after each call);
 * ``aliased_output``: an output sharing memory with an input (``overlaps``);
 * ``cached_result``: later calls, each with one group of inputs drawn anew
-  (``input_groups``: the activations, then the weights), that return the first answer, or,
-  when the first answer passed, an answer the oracle on their own inputs rejects (a result
-  cached on part of the inputs);
-* ``output_reused``: the first answer overwritten by the later calls.
+  (``input_groups``: the activations, then the weights), that return the first answer, or
+  an answer to the first call's question: it fails the oracle of its own inputs and passes
+  the first call's (a result cached on part of the inputs). A later answer that is merely
+  wrong (it matches neither) is a ``tolerance`` failure of that call, not a cache;
+* ``output_reused``: any answer of the case overwritten by a later call (every answer is
+  kept and compared at the end of the case with fuseval's copy of it), seen for rings of
+  buffers smaller than the case's number of calls (:data:`CALLS_PER_CASE`).
+
+Every oracle of a later call is computed before that call, on fuseval's own inputs.
 
 ``poison_allocator`` fills the memory the CUDA caching allocator hands out next with NaN,
 so output elements an implementation never wrote show up as NaN.
 
-The later calls draw only the inputs they change, from a seed of their own derived from
-the case's, so they never repeat an input of the case or of another case of the run.
+The later calls draw only the inputs they change, from a hygiene seed of their own, drawn
+at random for each case (recorded in the report, never derived from the case's seed), so
+an implementation cannot tell from an input which call of the case it is in.
 """
 from __future__ import annotations
 
@@ -28,14 +35,14 @@ from .definitions import Case, Definition, Tolerance
 from .inputs import draw_inputs
 
 __all__ = ["fingerprint", "overlaps", "poison_allocator", "input_groups", "same_outputs", "PartialCall",
-           "partial_calls", "judge_partial_calls", "NO_OUTPUTS", "HYGIENE_SEED_OFFSET"]
+           "partial_calls", "judge_partial_calls", "NO_OUTPUTS", "CALLS_PER_CASE", "draw_hygiene_seed"]
 
 # violations after which a call's outputs are not there to compare
 NO_OUTPUTS = ("timeout", "exited", "crashed", "raised", "out_of_memory")
 
-# the later calls of case seed s draw their inputs from seed s + this offset: far from the
-# seeds of the cases of any run (seed + case index)
-HYGIENE_SEED_OFFSET = 7_919_993
+# calls of one case with hygiene: the first, the first inputs again, the activations
+# anew, the weights anew
+CALLS_PER_CASE = 4
 
 
 def fingerprint(t: Any) -> Any:
@@ -139,21 +146,32 @@ def same_outputs(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
 
 @dataclass
 class PartialCall:
-    """One later call of the cached-result rule: ``what`` changed, and its inputs."""
+    """One later call of the cached-result rule: ``what`` changed, and its inputs
+    (``repeat``: the first call's own)."""
     what: str
     inputs: list[Any]
+    repeat: bool = False
 
 
-def partial_calls(defn: Definition, case: Case, case_seed: int, inputs: Sequence[Any], mode: str,
-                  device: torch.device) -> list[PartialCall]:
+def draw_hygiene_seed() -> int:
+    """A seed for a case's later calls, from the operating system's random source."""
+    import secrets
+    return secrets.randbelow(2 ** 31 - 1) + 1
+
+
+def partial_calls(defn: Definition, case: Case, hygiene_seed: int, inputs: Sequence[Any], mode: str,
+                  device: torch.device, repeat: bool = True) -> list[PartialCall]:
     """The later calls of a case: only the activations drawn anew, then only the weights
     (the rest kept: the very tensors of the first call). A cache keyed on the weights hits
     on the first, one keyed on the activations on the second, an answer cached under no
     key on both; a cache keyed on every input never hits and returns fresh answers, which
     is fine. An operator whose inputs are all of one group gets one call with every
     drawn input anew instead (fixed-value scalars kept). Only the inputs a call changes
-    are drawn, all in one draw; a call whose new draw equals the old (a group of
-    fixed-rule inputs, such as norm weights of ones) is left out."""
+    are drawn, all in one draw (from ``hygiene_seed``); a call whose new draw equals the
+    old (a group of fixed-rule inputs, such as norm weights of ones) is left out.
+    ``repeat``: a last call on the first call's very inputs, which must answer as the
+    first did (a result that depends on how often it was called, or a ring of output
+    buffers, shows there)."""
     groups = {name: set(idx) for name, idx in input_groups(defn).items() if idx}
     drawn = set().union(*groups.values()) if groups else set()
     partial = {name: idx for name, idx in groups.items() if len(idx) < len(drawn)}
@@ -161,13 +179,18 @@ def partial_calls(defn: Definition, case: Case, case_seed: int, inputs: Sequence
     if len(plan) < 2:
         plan = [("every input changed", drawn)]
     need = set().union(*(idx for _, idx in plan))
-    fresh = draw_inputs(defn, case.axes, seed=case_seed + HYGIENE_SEED_OFFSET, mode=mode, device=device,
+    fresh = draw_inputs(defn, case.axes, seed=hygiene_seed, mode=mode, device=device,
                         names={defn.inputs[i].name for i in need})
     # an input drawn by a fixed rule (norm weights of ones) comes out the same: a call whose
     # inputs all came out the same changes nothing, and its identical answer is no cache
     changed = {i for i in need if not _same_value(fresh[defn.inputs[i].name], inputs[i])}
-    return [PartialCall(what, [fresh[s.name] if i in idx else inputs[i] for i, s in enumerate(defn.inputs)])
-            for what, idx in plan if idx & changed]
+    calls = [PartialCall(what, [fresh[s.name] if i in idx else inputs[i] for i, s in enumerate(defn.inputs)])
+             for what, idx in plan if idx & changed]
+    # the repeat comes first: a ring of buffers then hands the first call's buffer to a
+    # call whose answer differs from the first's
+    if repeat:
+        calls.insert(0, PartialCall("the first call's inputs again", list(inputs), repeat=True))
+    return calls
 
 
 def _same_value(a: Any, b: Any) -> bool:
@@ -182,22 +205,40 @@ def _same_value(a: Any, b: Any) -> bool:
 def judge_partial_calls(defn: Definition, runner: Any, calls: Sequence[PartialCall], first: Sequence[torch.Tensor],
                         reference: Callable, tol: Tolerance, rules: str, judge: bool, all_zero: bool,
                         deadline: float | None, expected, check_shapes: Callable,
-                        violations: list[str], messages: list[str]) -> None:
-    """Make the later calls and apply the cached-result rule to each: its answer must differ
-    from the ``first``, and (``judge``: when the first passed the tolerance) pass the oracle
-    on its own inputs, since a stale answer that differs from the first is still wrong."""
+                        violations: list[str], messages: list[str], first_refs: Sequence[torch.Tensor] | None = None,
+                        keep: bool = False) -> None:
+    """Make the later calls and apply the cached-result rule to each. The oracle of each
+    call is computed first, on fuseval's inputs. A changed-input call's answer must
+    differ from the ``first``; when the first passed the tolerance (``judge``) it must
+    also pass the oracle on its own inputs: one that fails it but passes the first call's
+    oracle (``first_refs``) answers the first question again (``cached_result``), one that
+    passes neither is wrong (``tolerance``). The repeat call's answer must pass the first
+    call's oracle. ``keep``: the runner keeps every answer for the end-of-case check."""
     for call in calls:
-        res = runner.call(call.inputs, deadline=deadline, expected=expected)
+        refs = None
+        if judge and not call.repeat:
+            refs = reference(*call.inputs)
+            refs = (refs,) if isinstance(refs, torch.Tensor) else tuple(refs)
+        res = runner.call(call.inputs, deadline=deadline, expected=expected, keep=keep)
         if res.violations:
             violations.extend(res.violations)
             messages.extend(f"call with {call.what}: {m}" for m in res.messages)
             if any(v in NO_OUTPUTS for v in res.violations):
                 return
-            continue
+            if any(v in ("bad_outputs", "wrong_device") for v in res.violations):
+                continue
         problems = check_shapes(res.outputs)
         if problems:
             violations.append("bad_outputs")
             messages.extend(f"call with {call.what}: {m}" for m in problems)
+            continue
+        if call.repeat:
+            if judge and first_refs is not None:
+                bad = _failing(defn, res.outputs, first_refs, tol, rules)
+                if bad:
+                    violations.append("cached_result")
+                    messages.append(f"a call with {call.what} returned outputs the first call's oracle rejects "
+                                    f"({_describe_failure(bad[0])}): the answer depends on the calls before it")
             continue
         # an all-zero answer is the same for any input: it is reported as all_zero, not
         # as a cached result (that rule is for answers that are right once, then stale)
@@ -205,13 +246,26 @@ def judge_partial_calls(defn: Definition, runner: Any, calls: Sequence[PartialCa
             violations.append("cached_result")
             messages.append(f"a call with {call.what} returned identical outputs")
             continue
-        if judge:
-            refs = reference(*call.inputs)
-            refs = (refs,) if isinstance(refs, torch.Tensor) else tuple(refs)
-            bad = [m for m in (compare(o, r, tol, s.name, rules) for o, r, s in zip(res.outputs, refs, defn.outputs))
-                   if not m.passed]
-            if bad:
-                violations.append("cached_result")
-                messages.append(f"a call with {call.what} returned outputs that do not match the oracle on its "
-                                f"inputs ({bad[0].name}: {', '.join(bad[0].reasons)}, matched "
-                                f"{bad[0].matched_ratio:.4%}): a result cached on part of the inputs")
+        if refs is None:
+            continue
+        bad = _failing(defn, res.outputs, refs, tol, rules)
+        if not bad:
+            continue
+        stale = first_refs is not None and not _failing(defn, res.outputs, first_refs, tol, rules)
+        if stale:
+            violations.append("cached_result")
+            messages.append(f"a call with {call.what} returned outputs that fail the oracle on its own inputs "
+                            f"({_describe_failure(bad[0])}) but pass the first call's: a result cached on part of "
+                            "the inputs")
+        else:
+            violations.append("tolerance")
+            messages.append(f"a call with {call.what} fails the tolerance ({_describe_failure(bad[0])})")
+
+
+def _failing(defn: Definition, outputs, refs, tol: Tolerance, rules: str):
+    return [m for m in (compare(o, r, tol, s.name, rules) for o, r, s in zip(outputs, refs, defn.outputs))
+            if not m.passed]
+
+
+def _describe_failure(m) -> str:
+    return f"{m.name}: {', '.join(m.reasons)}, matched {m.matched_ratio:.4%}"

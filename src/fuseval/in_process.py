@@ -2,18 +2,18 @@
 
 Such a run trusts the implementation: it could change anything in this process, the
 verdict included. :class:`Local` has the interface of :class:`fuseval.isolation.Worker`
-(``call``, ``recopy``) and makes the same integrity checks after each call, but cannot
+(``call``, ``recheck_kept``) and makes the same integrity checks after each call, but cannot
 stop a call that hangs or ends the process.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from . import integrity
-from .hygiene import overlaps, poison_allocator
+from .hygiene import fingerprint, overlaps, poison_allocator
 from .isolation import CallResult, describe_exception, is_oom
 
 __all__ = ["Local", "as_tuple", "sync"]
@@ -34,14 +34,21 @@ def sync(device: torch.device) -> None:
 class Local:
     """The implementation called in fuseval's own process (``--in-process``): it is trusted,
     since it could change anything in this process, the verdict included. Same interface
-    as :class:`fuseval.isolation.Worker` (``call``, ``recopy``), minus the isolation."""
+    as :class:`fuseval.isolation.Worker` (``call``, ``recheck_kept``), minus the isolation."""
 
-    def __init__(self, fn: Callable, device: torch.device, baseline: dict[str, int] | None = None):
-        self.fn, self.device, self.kept = fn, torch.device(device), None
+    def __init__(self, fn: Callable, device: torch.device, baseline: dict[str, int] | None = None,
+                 input_names: Sequence[str] = ()):
+        self.fn, self.device = fn, torch.device(device)
+        self.kept: list = []
         self.baseline = baseline
+        self.input_names = list(input_names)
 
-    def call(self, inputs, *, keep: bool = False, poison: int = 0, deadline: float | None = None,
-             expected=None):
+    def call(self, inputs, *, keep: bool = False, new_case: bool = False, poison: int = 0,
+             deadline: float | None = None, expected=None):
+        if new_case:
+            self.kept = []
+        # with the hygiene rules (``keep``), every call's inputs are verified after it
+        prints = [fingerprint(t) for t in inputs] if keep else None
         poison_allocator(self.device, poison)
         before = integrity.threads()
         t0 = time.perf_counter()
@@ -58,6 +65,10 @@ class Local:
                               messages=[f"implementation raised: {line}" + (f" (at {where})" if where else "")],
                               seconds=time.perf_counter() - t0, where=where, error=line)
         res = CallResult("ok", outputs=outputs, seconds=time.perf_counter() - t0)
+        for i, (a, t) in enumerate(zip(prints or (), inputs)):
+            if a != fingerprint(t):
+                name = self.input_names[i] if i < len(self.input_names) else str(i)
+                res.add("mutated_input", f"input {name!r} was modified by the implementation")
         if self.baseline is not None:
             tampered = integrity.changed(self.baseline)
             if tampered:
@@ -81,10 +92,21 @@ class Local:
                 for j, t in enumerate(inputs):
                     if isinstance(o, torch.Tensor) and isinstance(t, torch.Tensor) and overlaps(o, t):
                         res.aliases.append((i, j))
-        if keep:
-            self.kept = outputs
+        if keep and isinstance(outputs, (tuple, list)):
+            self.kept.append((outputs, [o.detach().clone() if isinstance(o, torch.Tensor) else o for o in outputs]))
         return res
 
-    def recopy(self, like, deadline=None):
-        kept, self.kept = self.kept, None
-        return None if kept is None else [o.detach().clone() for o in kept]
+    def recheck_kept(self, deadline=None):
+        """(each kept answer as it was returned, what it holds now), as the worker's."""
+        kept, self.kept = self.kept, []
+        if not kept:
+            return None
+        return [then for _, then in kept], [[o.detach().clone() if isinstance(o, torch.Tensor) else o for o in now]
+                                            for now, _ in kept]
+
+    def forget_kept(self) -> None:
+        self.kept = []
+
+    def settle(self, window: float = 0.0) -> str | None:
+        """Nothing to watch: the implementation runs in this very process."""
+        return None

@@ -28,8 +28,11 @@ def _import_callable(path: str) -> Callable:
     if ":" not in path:
         raise ImplementationError(f"implementation {path!r} is neither a known name nor 'module:function'")
     module_name, _, attr = path.partition(":")
+    # a module in the working folder can be named (in a worker, the folder is first on its
+    # path already); here it comes after everything else, so it never shadows a module
+    # fuseval's process imports
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())  # like `python -m`, let users name modules in the cwd
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - report any import failure the same way

@@ -30,12 +30,24 @@ with the summary when it fails; it returns the :class:`fuseval.gate.GateReport`:
 Options of both: ``--fuseval-profile`` (ci, thorough, gpu), ``--fuseval-components``,
 ``--fuseval-cases``, ``--fuseval-seeds``, ``--fuseval-strict``, ``--fuseval-timeout``
 and ``--fuseval-out DIR`` (reports; for the items also one ``junit.xml`` of the gate).
-The items run the implementation in a worker process of its own (``--fuseval-in-process``
-trusts it instead); the fixture runs the callable it is given in the test's process. The module imports nothing
+The items run the gate in a fuseval process of their own (``python -m fuseval.cli gate``,
+one per operator and implementation), which runs the implementation in its confined worker
+(``--fuseval-in-process`` makes that process trust it instead): a test module that imports
+the kernel cannot reach the comparison, whatever it patches in pytest's process. The items
+refuse to run, as ``tampered``, when the functions they rely on in pytest's process
+(starting that process, reading its report) were replaced after the plugin loaded. Code
+that runs in pytest's own process can still rewrite pytest's own report; a CI gate that must
+not trust the kernel's repository runs ``fuseval gate`` itself (docs/security.md). The
+fixture runs the callable it is given in the test's process. The module imports nothing
 heavy until a fuseval item or fixture runs, so it costs other test suites nothing.
 """
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import tempfile
 import warnings
 from typing import Any
 
@@ -141,14 +153,24 @@ class FusevalItem(pytest.Item):
         self.result = None
 
     def runtest(self) -> None:
-        from .gate import not_run, run_component
+        from .gate import not_run
         if self.not_run:
             self.config.stash.setdefault(_RESULTS, []).append(not_run(self.op, self.component, self.not_run))
             pytest.skip(f"fuseval {self.op} {self.component}: not run: {self.not_run}")
-        s = self.settings
-        result = run_component(self.component, self.op, self.impl, profile=s["profile"], cases=s["cases"],
-                               seeds=s["seeds"], strict=s["strict"], out=s["out"], timeout=s["timeout"],
-                               isolate=s["isolate"])
+        replaced = _replaced()
+        if replaced:
+            from .errors import EXIT_TAMPERED, FusevalError
+            raise FusevalError("tampered: functions the fuseval items rely on were replaced in pytest's process "
+                               f"after the plugin loaded ({', '.join(replaced[:6])}); the gate was not run",
+                               EXIT_TAMPERED)
+        runs = self.config.stash.setdefault(_RUNS, {})
+        key = (self.op, self.impl)
+        if key not in runs:
+            runs[key] = _gate_process(self.op, self.impl, self.settings, self.config)
+        result = runs[key].get(self.component)
+        if result is None:
+            from .errors import EXIT_INTERNAL, FusevalError
+            raise FusevalError(f"the gate process reported no {self.component} component", EXIT_INTERNAL)
         self.result = self.config.stash.setdefault(_RESULTS, [])
         self.result.append(result)
         _raise_for(result)
@@ -166,6 +188,73 @@ class FusevalItem(pytest.Item):
 
 
 _RESULTS = pytest.StashKey[list]()
+_RUNS = pytest.StashKey[dict]()
+
+# what the items rely on in pytest's process, as it was when the plugin loaded (before
+# any test module, and so any kernel module, was imported)
+_RELIED_ON = {
+    "subprocess.Popen": subprocess.Popen, "subprocess.run": subprocess.run,
+    "subprocess.Popen.communicate": subprocess.Popen.communicate, "json.loads": json.loads,
+    "json.load": json.load, "tempfile.mkdtemp": tempfile.mkdtemp, "builtins.open": open,
+}
+
+
+def _replaced() -> list[str]:
+    import builtins
+    now = {"subprocess.Popen": subprocess.Popen, "subprocess.run": subprocess.run,
+           "subprocess.Popen.communicate": subprocess.Popen.communicate, "json.loads": json.loads,
+           "json.load": json.load, "tempfile.mkdtemp": tempfile.mkdtemp, "builtins.open": builtins.open}
+    own = {f"fuseval.pytest_plugin.{name}": globals().get(name) for name in ("_gate_process", "_replaced",
+                                                                            "_raise_for", "_component")}
+    changed = [name for name, obj in now.items() if _RELIED_ON.get(name) is not obj]
+    changed += [name for name, obj in own.items() if _OWN.get(name) is not obj]
+    if FusevalItem.runtest is not _OWN.get("FusevalItem.runtest"):
+        changed.append("fuseval.pytest_plugin.FusevalItem.runtest")
+    return changed
+
+
+def _gate_process(op: str, impl: str, settings: dict[str, Any], config) -> dict[str, Any]:
+    """The gate's components for (op, impl), run by ``fuseval gate`` in a process of its
+    own (importable paths of pytest's process handed on, so the implementation imports as
+    in the tests); component name -> ComponentResult."""
+    out = settings["out"] or tempfile.mkdtemp(prefix="fuseval-items-")
+    folder = os.path.join(out, f"{op}-{abs(hash(impl)) % 10 ** 8}") if settings["out"] else out
+    skip = [c for c in COMPONENT_NAMES if c not in settings["components"]]
+    argv = [sys.executable, "-m", "fuseval.cli", "gate", "--op", op, "--impl", impl, "--profile",
+            settings["profile"], "--out", folder, "--quiet", "--jobs", "1"]
+    if skip:
+        argv += ["--skip", ",".join(skip)]
+    for flag, key in (("--cases", "cases"), ("--seeds", "seeds"), ("--timeout", "timeout")):
+        if settings.get(key) is not None:
+            argv += [flag, str(settings[key])]
+    if settings["strict"]:
+        argv.append("--strict")
+    if settings["isolate"] is False:
+        argv.append("--in-process")
+    env = os.environ.copy()
+    here = [p for p in sys.path if p and os.path.isdir(p)]
+    paths = [*env.get("PYTHONPATH", "").split(os.pathsep), *here]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in dict.fromkeys(paths) if p)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=str(config.rootpath))
+    try:
+        with open(os.path.join(folder, "gate.json")) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        from .errors import FusevalError
+        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
+        raise FusevalError(f"the gate process ended with exit code {proc.returncode} and no report: "
+                           + " / ".join(tail), proc.returncode or 1) from None
+    return {c["name"]: _component(c) for c in doc.get("components", []) if c.get("op") == op}
+
+
+def _component(d: dict[str, Any]):
+    """A ComponentResult from its JSON form (gate.json)."""
+    import dataclasses
+    from .gate.results import ComponentResult, TestResult
+    fields = {f.name for f in dataclasses.fields(ComponentResult)} - {"result"}
+    tests = [TestResult(**{k: v for k, v in t.items() if k in {f.name for f in dataclasses.fields(TestResult)}})
+             for t in d.get("tests", [])]
+    return ComponentResult(**{**{k: v for k, v in d.items() if k in fields}, "tests": tests})
 
 
 def _raise_for(result) -> None:
@@ -249,3 +338,8 @@ def fuseval_check(request):
         return report
 
     return run
+
+
+_OWN = {f"fuseval.pytest_plugin.{name}": globals()[name] for name in ("_gate_process", "_replaced", "_raise_for",
+                                                                      "_component")}
+_OWN["FusevalItem.runtest"] = FusevalItem.runtest

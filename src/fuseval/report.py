@@ -78,14 +78,22 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
     predicting = any(c.predicted is not None for c in report.cases)
     # the header as plain lines above the table: a table title wraps at the table's width,
     # and as rich markup would drop "[small]" as a style tag
+    seed_note = " (drawn at random)" if getattr(report, "seed_drawn", False) else ""
     header = [f"{report.op} [{config_label(report)}] variant={report.variant} impl={report.impl} "
-              f"device={report.device} seed={report.seed} mode={report.mode}",
+              f"device={report.device} seed={report.seed}{seed_note} mode={report.mode}",
               f"against {against}, {report.rules} rules: {rule}"]
+    if report.rules == "fuseval" and (t.get("max_error_ratio") or t.get("max_rms_ratio")):
+        header.append(f"fuseval's own bounds: worst element <= {t.get('max_error_ratio')}x its allowance "
+                      f"(atol + rtol*|ref|), error RMS <= {t.get('max_rms_ratio')}x the allowance's RMS")
+    if getattr(report, "confinement", ""):
+        header.append(f"implementation worker: {report.confinement}")
     if predicting:
         header.append("predicted benchmark verdict: against sol_reference, sol rules")
     header += [f"oracle: {note}" for note in report.oracle_notes]
     table = Table()
-    cols = ["case", "axes", "output", "max abs", "rel L2", "matched", "margin", "verdict"]
+    bounded = any(m.error_ratio is not None for c in report.cases for m in c.outputs)
+    cols = ["case", "axes", "output", "max abs", "rel L2"] + (["worst/allow", "RMS/allow"] if bounded else []) \
+        + ["matched", "margin", "verdict"]
     if predicting:
         cols += ["bench matched", "bench margin", "bench verdict"]
     for col in cols:
@@ -97,11 +105,15 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
         ratio = c.tolerance.get("min_matched_ratio", t["min_matched_ratio"]) if c.tolerance else t["min_matched_ratio"]
         pred = c.predicted
         if not c.outputs:
-            table.add_row(str(c.case), axes, "-", "-", "-", "-", "-", verdict, *(["-"] * 3 if predicting else []))
+            table.add_row(str(c.case), axes, "-", "-", "-", *(["-", "-"] if bounded else []), "-", "-", verdict,
+                          *(["-"] * 3 if predicting else []))
         for i, m in enumerate(c.outputs):
             row = [str(c.case) if i == 0 else "", axes if i == 0 else "", m.name, fmt_err(m.max_abs),
-                   fmt_err(m.rel_l2), f"{m.matched_ratio:.4%}", f"{m.matched_ratio - ratio:+.4%}",
-                   verdict if i == 0 else ""]
+                   fmt_err(m.rel_l2)]
+            if bounded:
+                row += ["-" if m.error_ratio is None else fmt_err(m.error_ratio),
+                        "-" if m.rms_ratio is None else fmt_err(m.rms_ratio)]
+            row += [f"{m.matched_ratio:.4%}", f"{m.matched_ratio - ratio:+.4%}", verdict if i == 0 else ""]
             if predicting:
                 if pred is None or i >= len(pred.outputs):
                     row += ["-", "-", ""]
@@ -117,6 +129,13 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
     for c in report.cases:
         for msg in c.messages:
             out.print(f"case {c.case}: {msg}", markup=False, highlight=False)
+        printed = getattr(c, "impl_output", "").strip()
+        if printed and not c.passed:
+            lines = printed.splitlines()
+            out.print(f"case {c.case}: the implementation printed ({len(lines)} line(s), the last shown):",
+                      markup=False, highlight=False)
+            for line in lines[-12:]:
+                out.print(f"  | {line[:300]}", markup=False, highlight=False)
     n_pass = sum(c.passed for c in report.cases)
     line = f"{report.op}: {n_pass}/{len(report.cases)} cases passed"
     if predicting:

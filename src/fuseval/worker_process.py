@@ -1,11 +1,17 @@
 """What runs in the worker process of an isolated implementation (see :mod:`fuseval.isolation`).
 
-The worker imports the implementation (fuseval's process never does) and serves its
-calls: messages in are pickled tuples from fuseval (trusted); replies out are JSON bytes,
-which fuseval reads as data and never unpickles. After each call it reports what
-:mod:`fuseval.integrity` sees (patched functions, threads left running) and describes the
-outputs (type, shape, dtype, device, storages shared with inputs) before copying them into
-the buffers fuseval allocated.
+The worker's first acts, before anything of the implementation's is imported and before
+torch starts a thread: take fuseval's pipe as its standard output and error (so nothing it
+prints reaches fuseval's own descriptors), then confine itself
+(:func:`fuseval.runner.confine.enter`). Then it imports the implementation (fuseval's
+process never does) and serves its calls: messages in are pickled tuples from fuseval
+(trusted); replies out are JSON bytes, which fuseval reads as data and never unpickles.
+Inputs arrive as sealed files mapped copy-on-write, or CUDA copies of their own
+(:mod:`fuseval.runner.transport`).
+
+What the worker says about the implementation (functions it replaced, threads it left,
+outputs sharing an input's memory) is advisory: fuseval adds it to the verdict, but the
+verdict rests on what fuseval's process verifies itself (:mod:`fuseval.isolation`).
 
 Also here: how an implementation's exception is described (one line and its file:line),
 used by both sides.
@@ -13,6 +19,7 @@ used by both sides.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import sys
@@ -20,7 +27,10 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom"]
+__all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT"]
+
+# characters of an exception's text a reply carries (the rest is cut, and says so)
+MAX_TEXT = 600
 
 
 def impl_error_location(exc: BaseException) -> str:
@@ -38,10 +48,20 @@ def impl_error_location(exc: BaseException) -> str:
     return f"{f.filename}:{f.lineno}"
 
 
+def cut(text: str, limit: int = MAX_TEXT) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters cut)"
+
+
 def describe_exception(exc: BaseException) -> tuple[str, str]:
-    """(one line "Type: message", "file:line") of an implementation's exception."""
-    line = traceback.format_exception_only(type(exc), exc)[-1].strip()
-    return line, impl_error_location(exc)
+    """(one line "Type: message", cut to :data:`MAX_TEXT`, and "file:line") of an
+    implementation's exception."""
+    try:
+        line = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    except Exception:  # noqa: BLE001 - an exception whose str() raises is still described
+        line = f"{type(exc).__name__}: (its message could not be read)"
+    return cut(line), impl_error_location(exc)
 
 
 def is_oom(exc: BaseException) -> bool:
@@ -54,7 +74,7 @@ def _describe(o: Any, device: str, input_spans: list[tuple[int, int, int]]) -> d
     import torch
     if type(o) is not torch.Tensor:
         kind = "tensor_subclass" if isinstance(o, torch.Tensor) else "not_tensor"
-        return {"kind": kind, "type": f"{type(o).__module__}.{type(o).__qualname__}"}
+        return {"kind": kind, "type": cut(f"{type(o).__module__}.{type(o).__qualname__}", 200)}
     d: dict[str, Any] = {"kind": "tensor", "shape": [int(s) for s in o.shape],
                          "dtype": str(o.dtype).replace("torch.", ""), "device": str(o.device)}
     if o.device.type == "cuda" and device == "cuda":
@@ -83,35 +103,40 @@ def _guarded(thunk: Callable[[], Any]) -> tuple[dict | None, Any]:
     try:
         return None, thunk()
     except SystemExit as exc:
-        return {"status": "exited", "code": exc.code if isinstance(exc.code, int) else 1,
-                "error": f"the implementation called sys.exit({exc.code!r})"}, None
+        code = exc.code if isinstance(exc.code, int) else 1
+        return {"status": "exited", "code": code,
+                "error": cut(f"the implementation called sys.exit({exc.code!r})", 400)}, None
     except BaseException as exc:  # noqa: BLE001 - any failure of the implementation is a verdict
         line, where = describe_exception(exc)
-        return {"status": "raised", "error": line, "where": where, "oom": is_oom(exc),
-                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))[-4000:]}, None
+        try:
+            oom = is_oom(exc)
+        except Exception:  # noqa: BLE001
+            oom = False
+        return {"status": "raised", "error": line, "where": where, "oom": oom}, None
 
 
 # --------------------------------------------------------------------------- the loop
 class _Worker:
-    """The worker's state: the implementation, its staged form, the outputs kept for a
-    later ``recopy``, and the integrity snapshot taken before the implementation loaded."""
+    """The worker's state: the implementation, its staged form, the outputs of the current
+    case's calls (kept for a later check that they were not overwritten), and the
+    integrity snapshot taken before the implementation loaded."""
 
     def __init__(self, conn):
         from . import integrity
         self.conn = conn
         self.baseline = integrity.snapshot()     # before the implementation is imported
-        self.fn = self.staged = self.kept = None
+        self.fn = self.staged = None
+        self.kept: list[list[Any]] = []
+        self.held: list[Any] | None = None
 
     def reply(self, obj: dict) -> None:
         self.conn.send_bytes(json.dumps(obj).encode())
 
     def load(self, impl, defn, path, cwd) -> None:
         from . import integrity
-        # the caller's search path and folder, as they are now (a spare worker was started
-        # before the caller chose them)
-        sys.path[:] = list(path)
-        with contextlib.suppress(OSError):
-            os.chdir(cwd)
+        # the caller's search path, with its folder first (as `python -m` has it): read
+        # only, since the worker writes nowhere but its scratch folder
+        sys.path[:] = [cwd] + [p for p in path if p not in ("", cwd)]
         from .ops import resolve_impl
         failure, fn = _guarded(lambda: resolve_impl(defn, impl))
         if failure is not None:
@@ -122,7 +147,7 @@ class _Worker:
         self.reply({"status": "loaded", "staged": self.staged is not None,
                     "tampered": integrity.changed(self.baseline)})
 
-    def _run(self, req: dict, inputs, dev):
+    def _run(self, req: dict, inputs, override, dev):
         """(failure reply or None, the answer, the stage taps) of one call."""
         import torch
         taps: dict[str, Any] = {}
@@ -132,7 +157,7 @@ class _Worker:
 
             def thunk():
                 try:
-                    return self.staged(*inputs, taps=taps, override=dict(req.get("override") or {}))
+                    return self.staged(*inputs, taps=taps, override=override)
                 except _StageReached:
                     return None
         else:
@@ -145,14 +170,23 @@ class _Worker:
         import torch
         from . import integrity
         from .hygiene import poison_allocator
-        inputs = req["inputs"]
+        from .runner.transport import open_inputs, recv_fds
+        fds = recv_fds(self.conn, int(req.get("nfds", 0)))
+        self.held = None                  # the previous call's inputs, verified by now
+        shared = open_inputs(req["inputs"], fds)
+        # held until the next call: fuseval reads this process's map of them after the call
+        self.held = shared
+        n = int(req.get("n_inputs", len(shared)))
+        inputs, override = shared[:n], dict(zip(req.get("override_names", []), shared[n:]))
         torch.set_num_threads(max(1, int(req.get("threads", 1))))
         dev = torch.device(req["device"])
+        if req.get("new_case"):
+            self.kept = []
         if req.get("poison"):
             poison_allocator(dev, int(req["poison"]))
         before = integrity.threads()
         t0 = time.perf_counter()
-        failure, out, taps = self._run(req, inputs, dev)
+        failure, out, taps = self._run(req, inputs, override, dev)
         seconds = time.perf_counter() - t0
         integ = {"tampered": integrity.changed(self.baseline), "threads": integrity.new_threads(before)}
         if failure is not None:
@@ -165,54 +199,90 @@ class _Worker:
         elif isinstance(out, torch.Tensor) and type(out) is torch.Tensor:
             outs, shape = [out], "tensor"
         elif isinstance(out, (tuple, list)):
-            outs, shape = list(out), "sequence"
+            outs, shape = list(out)[:64], "sequence"
         else:
             outs, shape = [], "other"
         described = [_describe(o, req["device"], spans) for o in outs]
-        tap_items = list(dict.items(taps))
-        tap_desc = [(k, _describe(v, req["device"], spans)) for k, v in tap_items]
+        tap_items = [(k, v) for k, v in list(dict.items(taps))[:64] if isinstance(k, str)]
+        tap_desc = [(cut(k, 100), _describe(v, req["device"], spans)) for k, v in tap_items]
         tname = type(out).__qualname__ if type(out).__module__ == "builtins" else \
             f"{type(out).__module__}.{type(out).__qualname__}"
-        self.reply({"status": "ok", "seconds": seconds, "shape": shape, "type": tname,
+        self.reply({"status": "ok", "seconds": seconds, "shape": shape, "type": cut(tname, 200),
                     "outputs": described, "taps": tap_desc, **integ})
         fill = self.conn.recv()
         if fill[0] != "fill":
             return
-        _, out_bufs, tap_bufs = fill
-        self._copy(out_bufs, outs, dev)
-        self._copy(tap_bufs, [v for _, v in tap_items], dev)
+        _, out_payload, tap_payload, nfds = fill
+        bufs = self._open(out_payload, tap_payload, nfds)
+        changed = self._copy(bufs[:len(out_payload)], outs, dev) + \
+            self._copy(bufs[len(out_payload):], [v for _, v in tap_items], dev)
+        if changed:
+            self.reply({"status": "bad", "error": "an output or tap changed its shape or dtype after the call "
+                        "returned: " + ", ".join(changed[:4])})
+            return
         if req.get("keep"):
-            self.kept = outs
+            self.kept.append(outs)
         self.reply({"status": "filled"})
+
+    def _open(self, out_payload, tap_payload, nfds):
+        from .runner.transport import open_buffers, recv_fds
+        return open_buffers(list(out_payload) + list(tap_payload), recv_fds(self.conn, int(nfds)))
 
     @staticmethod
-    def _copy(bufs, tensors, dev) -> None:
+    def _copy(bufs, tensors, dev) -> list[str]:
+        """Copy each described tensor into fuseval's buffer; the ones that no longer match
+        their description (shape, dtype) are named instead."""
         import torch
-        for buf, t in zip(bufs, tensors):
-            if buf is not None:
-                buf.copy_(t)
+        changed = []
+        for i, (buf, t) in enumerate(zip(bufs, tensors)):
+            if buf is None:
+                continue
+            if not isinstance(t, torch.Tensor) or buf.shape != t.shape or buf.dtype != t.dtype:
+                changed.append(f"#{i}")
+                continue
+            buf.copy_(t)
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
+        return changed
 
-    def recopy(self, bufs) -> None:
+    def recopy(self, payload, nfds) -> None:
+        """Copy the outputs of every kept call of the case again (what each answer holds
+        now), in order, then forget them."""
         import torch
-        kept = self.kept or []
-        for buf, o in zip(bufs, kept):
-            if buf is not None:
+        bufs = self._open(payload, [], nfds)
+        flat = [o for outs in self.kept for o in outs]
+        for buf, o in zip(bufs, flat):
+            if buf is not None and isinstance(o, torch.Tensor) and buf.shape == o.shape:
                 buf.copy_(o)
-        if kept and any(getattr(o, "is_cuda", False) for o in kept):
+        if any(getattr(o, "is_cuda", False) for o in flat):
             torch.cuda.synchronize()
-        self.kept = None
+        self.kept = []
         self.reply({"status": "filled"})
 
 
-def child_main(conn, threads: int) -> None:
+def _take_stdio(conn) -> None:
+    """fuseval's pipe as this process's standard output and error; stdin from /dev/null."""
+    from .runner.transport import recv_fds
+    (pipe,) = recv_fds(conn, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(pipe, 1)
+    os.dup2(pipe, 2)
+    for fd in (null, pipe):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def child_main(conn, threads: int, plan) -> None:
     """The worker's loop (the target of the spawned process)."""
-    sys.stdout = sys.stderr          # the implementation's prints must not mix into fuseval's stdout
+    _take_stdio(conn)
+    from .runner import confine
+    applied = confine.enter(plan)
     import torch
-    import torch.multiprocessing  # noqa: F401 - registers the shared-memory reductions
+    import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
     torch.set_num_threads(max(1, int(threads)))
     worker = _Worker(conn)
+    worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})
     while True:
         try:
             msg = conn.recv()
@@ -226,4 +296,11 @@ def child_main(conn, threads: int) -> None:
         elif kind == "call":
             worker.call(msg[1])
         elif kind == "recopy":
-            worker.recopy(msg[1])
+            worker.recopy(*msg[1:])
+        elif kind == "forget":
+            worker.kept = []
+        elif kind == "ping":
+            # what the last request left (its tensors, their mappings) is released before
+            # fuseval starts watching this process's CPU time
+            gc.collect()
+            worker.reply({"status": "idle"})

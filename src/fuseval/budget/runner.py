@@ -264,9 +264,9 @@ class _CaseRunner:
         drawn anew): each answer must differ from the first and match the oracle on its own
         inputs (a result cached on part of the inputs would otherwise be measured as exact).
         Returns True when one of them did not."""
-        from ..hygiene import judge_partial_calls, partial_calls
+        from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
         from ..in_process import Local
-        calls = partial_calls(self.defn, case, seed, inputs, mode, self.device)
+        calls = partial_calls(self.defn, case, draw_hygiene_seed(), inputs, mode, self.device)
         violations: list[str] = []
         found: list[str] = []
         # the budget makes these calls only when the first answer passed the tolerance

@@ -51,7 +51,9 @@ def add_common_arguments(p, *, impl_default: str | None = None, config_default: 
     p.add_argument("--cases", default=None, type=parse_cases,
                    help="subset of cases, e.g. '0,3,5-7' (default: all 16)")
     p.add_argument("--device", default="cpu", type=parse_device, help="cpu or cuda (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="input seed; case i uses seed + i (default: %(default)s)")
+    p.add_argument("--seed", type=parse_seed, default=None,
+                   help="input seed; case i uses seed + i (default: drawn at random and printed, so that no "
+                        "run's inputs can be known before it)")
     p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
                    help="input distribution (default: %(default)s)")
     add_variant_argument(p)
@@ -78,9 +80,17 @@ def parse_timeout(value: str) -> float:
         t = float(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if t < 0 or math.isnan(t):
-        raise argparse.ArgumentTypeError(f"expected a number of seconds >= 0 (0: none), got {value!r}")
+    if t < 0 or not math.isfinite(t):
+        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: none), got {value!r}")
     return t
+
+
+def parse_seed(value: str) -> int:
+    import argparse
+    text = value.strip()
+    if not text.isdigit() or int(text) >= 2 ** 63:
+        raise argparse.ArgumentTypeError(f"expected an integer seed in [0, 2**63), got {value!r}")
+    return int(text)
 
 
 def parse_device(value: str) -> str:

@@ -53,6 +53,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from ..check import draw_seed
     from ..bench import BenchSkipped, print_bench_report, run_bench, write_outputs
     from ..errors import EXIT_NO_DEVICE, EXIT_OK, UsageError, exit_code_for
     from . import operator_definition, writable_folder
@@ -64,7 +65,7 @@ def run(args) -> int:
     impls = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else None
     try:
         report = run_bench(args.op, impls, cases=args.cases, config=args.config, device=args.device,
-                           seed=args.seed, mode=args.mode, check=args.check,
+                           seed=draw_seed() if args.seed is None else args.seed, mode=args.mode, check=args.check,
                            hygiene=not args.no_hygiene, flush=not args.no_flush,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=args.min_reps,
                            max_reps=args.max_reps, monitor_clocks=not args.no_clocks,

@@ -53,6 +53,7 @@ class _Progress:
 
 
 def run(args) -> int:
+    from ..check import draw_seed
     from ..budget import load_budget, run_budget
     from ..definitions import load
     from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK
@@ -64,7 +65,7 @@ def run(args) -> int:
     with user_input("--budget", EXIT_BAD_FILE):
         budget = load_budget(args.budget if args.budget else defn.name, defn)
     report = run_budget(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
-                        seed=args.seed, mode=args.mode, budget=budget, progress=_Progress(),
+                        seed=draw_seed() if args.seed is None else args.seed, mode=args.mode, budget=budget, progress=_Progress(),
                         baselines=not args.no_baselines, isolate=False if args.in_process else None, timeout=args.timeout)
     print(report.to_markdown())
     out = args.out

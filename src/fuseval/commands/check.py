@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from . import add_common_arguments
+from . import add_common_arguments, parse_seed
 
 
 def add_arguments(p) -> None:
@@ -25,21 +25,27 @@ def add_arguments(p) -> None:
                         "the file and the command that replays it)")
     p.add_argument("--replay", metavar="FILE",
                    help="run the check on the inputs of a --save-failing file (its case, seed and mode)")
+    p.add_argument("--hygiene-seed", type=parse_seed, default=None,
+                   help="the seed of the hygiene rules' later calls (default: drawn at random per case and "
+                        "recorded in the JSON report; give it to replay a case's later calls exactly)")
     p.add_argument("--no-predict", action="store_true",
                    help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
 
 
 def run(args) -> int:
-    from ..check import ReplayFileError, check
+    from ..check import ReplayFileError, check, reference_refusal, validate_against
     from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, exit_code_for
     from ..jsonio import dumps
     from ..report import case_progress, print_check_report
     from . import operator_definition, writable_file
 
-    operator_definition(args.op, args.config, args.cases)
+    defn = operator_definition(args.op, args.config, args.cases)
     if args.impl == "reference":
-        raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
-                         "check 'reference_fp32' for the float32 reference, or another implementation")
+        raise UsageError(f"--impl {reference_refusal(defn)}")
+    try:
+        validate_against(defn, args.impl, args.against)
+    except ValueError as exc:
+        raise UsageError(f"--{exc}") from None
     writable_file(args.json, "--json")
     if args.save_failing:
         from . import writable_folder
@@ -49,10 +55,14 @@ def run(args) -> int:
                        seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
                        progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
                        predict=not args.no_predict, isolate=False if args.in_process else None,
-                       timeout=args.timeout, save_failing=args.save_failing, replay=args.replay)
+                       timeout=args.timeout, save_failing=args.save_failing, replay=args.replay,
+                       hygiene_seed=args.hygiene_seed)
     except ReplayFileError as exc:         # read once, by the check itself
         raise UsageError(f"--replay: {exc}") from None
     print_check_report(report)
+    if report.seed_drawn:
+        print(f"the seed was drawn at random; to run these inputs again: {reproduce_command(args, report.seed)}",
+              file=sys.stderr)
     if not report.isolated:
         print("note: the implementation ran in fuseval's own process (--in-process): the verdict trusts it",
               file=sys.stderr)
@@ -66,3 +76,21 @@ def run(args) -> int:
               f"{report.oracle_notes[0]} (exit {EXIT_NO_FLOAT64_ORACLE})", file=sys.stderr)
         return EXIT_NO_FLOAT64_ORACLE
     return code
+
+
+def reproduce_command(args, seed: int) -> str:
+    """The command line that runs the same check on the same inputs."""
+    import shlex
+    parts = ["fuseval", "check"]
+    if getattr(args, "problem", None):
+        parts += ["--problem", args.problem]
+    if args.op:
+        parts += ["--op", args.op]
+    parts += ["--impl", args.impl, "--config", args.config if isinstance(args.config, str) else
+              __import__("json").dumps(args.config), "--seed", str(seed)]
+    for flag, value in (("--cases", args.cases), ("--device", args.device if args.device != "cpu" else None),
+                        ("--mode", args.mode if args.mode != "benchmark" else None),
+                        ("--variant", getattr(args, "variant", None))):
+        if value is not None:
+            parts += [flag, str(value)]
+    return " ".join(shlex.quote(p) for p in parts)

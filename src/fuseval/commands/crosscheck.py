@@ -36,7 +36,7 @@ def run(args) -> int:
         verdict = "agree" if c.passed else "DISAGREE"
         print(f"[{n}/{total}] case {c.case}: {verdict}", file=sys.stderr, flush=True)
 
-    result = crosscheck(args.op, args.problem, cases=args.cases, config=args.config, seed=args.seed,
+    result = crosscheck(args.op, args.problem, cases=args.cases, config=args.config, seed=0 if args.seed is None else args.seed,
                         device=args.device, variant=args.variant, progress=progress)
     print(f"{result.op} [{result.config}] variant={result.variant} against problem {result.problem} "
           f"({result.directory})")

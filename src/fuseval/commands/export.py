@@ -23,7 +23,7 @@ def run(args) -> int:
     writable_folder(folder, "--out")
     with open(os.path.join(folder, "definition.json"), "w") as f:
         f.write(dumps(d.to_solexec_definition(), indent=2) + "\n")
-    rows = d.to_solexec_workloads(seed=args.seed)
+    rows = d.to_solexec_workloads(seed=0 if args.seed is None else args.seed)
     with open(os.path.join(folder, "workload.jsonl"), "w") as f:
         for row in rows:
             f.write(dumps(row, indent=None) + "\n")

@@ -32,10 +32,13 @@ def add_arguments(p) -> None:
                    help="folder for junit.xml, gate.json, gate.md and the reports (default: %(default)s)")
     p.add_argument("--config", default=None, type=parse_config,
                    help="override the profile's configuration (small, seed...)")
-    from . import add_isolation_arguments, parse_cases, parse_device, parse_seeds
+    from . import add_isolation_arguments, parse_cases, parse_device, parse_seed, parse_seeds
     p.add_argument("--device", default=None, type=parse_device, help="override the profile's device (cpu, cuda)")
     p.add_argument("--cases", default=None, type=parse_cases, help="case subset of the check, e.g. '0,3,5-7'")
     p.add_argument("--seeds", type=parse_seeds, default=None, help="number of seeds of the check, >= 1 (profile: 3 or 5)")
+    p.add_argument("--seed", type=parse_seed, default=None,
+                   help="the check's first seed (the others follow it by 1000); default: drawn at random and "
+                        "printed, so no run's inputs can be known before it")
     add_isolation_arguments(p)
     p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
                    help="input distribution (default: %(default)s)")
@@ -86,6 +89,6 @@ def run(args) -> int:
                       strict=args.strict, budget_cases=args.budget_cases, budget=args.budget, out=args.out,
                       progress=None if args.quiet else stderr_progress(sys.stderr),
                       isolate=False if args.in_process else None, timeout=args.timeout,
-                      jobs=args.jobs, warmup=not args.no_warmup)
+                      jobs=args.jobs, warmup=not args.no_warmup, seed=args.seed)
     report.print_summary()
     return report.exit_code

@@ -87,12 +87,12 @@ def run(args) -> int:
         print(f"warning: {w}", file=sys.stderr)
     if args.lift:
         smallest = select_workloads(problem, smallest=1)[0]
-        first = tolerance_use(args.directory, lines=[smallest.line], seed=args.seed, device=args.device)
+        first = tolerance_use(args.directory, lines=[smallest.line], seed=0 if args.seed is None else args.seed, device=args.device)
         for line in first.lift.lines():
             print(line)
     if not args.report:
         return 0
-    report = tolerance_use(args.directory, smallest=args.smallest, seeds=args.seeds, seed=args.seed,
+    report = tolerance_use(args.directory, smallest=args.smallest, seeds=args.seeds, seed=0 if args.seed is None else args.seed,
                            device=args.device,
                            progress=lambda r, n, total: print(f"[{n}/{total}] workload line {r.line}: "
                                                               f"used {r.used:.1%}", file=sys.stderr, flush=True))

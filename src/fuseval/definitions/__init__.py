@@ -65,11 +65,23 @@ class StageSpec:
 class Tolerance:
     """The benchmark's rule: element ok when |out-ref| <= atol + rtol*|ref|;
     case ok when the matched ratio >= min_matched_ratio, nothing is NaN/Inf, and
-    (when set) max |out-ref| <= max_abs_error."""
+    (when set) max |out-ref| <= max_abs_error.
+
+    fuseval's own rule adds two bounds the benchmark does not have, both relative to the
+    element's allowance ``atol + rtol*|ref|`` (so they scale with the tolerance):
+    ``max_error_ratio``, how many allowances the worst element may use, and
+    ``max_rms_ratio``, the error's RMS over the allowance's RMS. A few elements set to
+    garbage pass the matched ratio; they fail these. None: not bounded."""
     atol: float
     rtol: float
     min_matched_ratio: float
     max_abs_error: float | None = None
+    max_error_ratio: float | None = None
+    max_rms_ratio: float | None = None
+
+
+# fuseval's own bounds where a definition does not give its own ("own_bounds")
+DEFAULT_OWN_BOUNDS = {"max_error_ratio": 64.0, "max_rms_ratio": 2.0}
 
 
 def axes_label(axes: Mapping[str, int]) -> str:
@@ -423,6 +435,21 @@ def list_operators() -> list[str]:
 _CACHE: dict[str, Definition] = {}
 
 
+def own_bounds(raw: Mapping[str, Any]) -> dict[str, float | None]:
+    """fuseval's own bounds of a definition (its "own_bounds", else the defaults), checked."""
+    given = dict(raw.get("own_bounds") or {})
+    unknown = set(given) - set(DEFAULT_OWN_BOUNDS)
+    if unknown:
+        raise ValueError(f"{raw.get('name')}: own_bounds: unknown key(s) {sorted(unknown)}; expected "
+                         f"{', '.join(DEFAULT_OWN_BOUNDS)}")
+    out = {**DEFAULT_OWN_BOUNDS, **given}
+    for key, value in out.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0
+                                  or value != value):
+            raise ValueError(f"{raw.get('name')}: own_bounds.{key}: expected a number > 0 or null, got {value!r}")
+    return out
+
+
 def _parse(raw: Mapping[str, Any], package: str) -> Definition:
     from ..operators import qualify
     absolute = lambda table: {k: qualify(v, package) for k, v in table.items()}
@@ -447,7 +474,8 @@ def _parse(raw: Mapping[str, Any], package: str) -> Definition:
         outputs=tuple(tensor(t) for t in raw["outputs"]),
         stages=tuple(StageSpec(s["name"], s["what"], tuple(s["shape"]), s.get("parent"))
                      for s in raw["stages"]),
-        tolerance=Tolerance(tol["atol"], tol["rtol"], tol["min_matched_ratio"], tol.get("max_abs_error")),
+        tolerance=Tolerance(tol["atol"], tol["rtol"], tol["min_matched_ratio"], tol.get("max_abs_error"),
+                            **own_bounds(raw)),
         case_axes=tuple(raw["case_axes"]),
         seed_cases=tuple(tuple(c["axes"]) for c in cases),
         case_tolerances=tuple(dict(c.get("tolerance", {})) for c in cases),

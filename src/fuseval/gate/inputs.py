@@ -155,8 +155,10 @@ def _seeds(seeds: Any) -> int | list[int]:
 
 def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict, budget_config,
              budget_cases, budget, out, progress, isolate, timeout,
-             components: Sequence[str] = COMPONENTS) -> Settings:
-    """Validate the options that do not depend on the operator."""
+             components: Sequence[str] = COMPONENTS, seed: int | None = None) -> Settings:
+    """Validate the options that do not depend on the operator. A number of seeds becomes
+    the seeds themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at
+    random when not given, so that no run's inputs can be known before it."""
     from ..isolation import default_isolate
     from ..stats import DEFAULT_WARN_MARGIN
     prof = profile_of(profile)
@@ -167,9 +169,20 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 1.0:
         raise UsageError(f"warn_margin: expected a fraction in [0, 1], got {warn_margin!r}")
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout < 0 or math.isnan(timeout)):
-        raise UsageError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
-    return Settings(prof, dev, config, cases, prof.seeds if seeds is None else _seeds(seeds), mode,
+                                or timeout < 0 or not math.isfinite(timeout)):
+        raise UsageError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
+    from ..check import draw_seed, validate_seed
+    from ..stats import seed_list
+    seeds = prof.seeds if seeds is None else _seeds(seeds)
+    if isinstance(seeds, int):
+        try:
+            base = draw_seed() if seed is None else validate_seed(seed, "seed")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        seeds = seed_list(seeds, base)
+    elif seed is not None:
+        raise UsageError(f"seed: give either a list of seeds ({seeds!r}) or a first seed, not both")
+    return Settings(prof, dev, config, cases, seeds, mode,
                     float(margin), bool(strict), budget_config, budget_cases, budget_cases == "profile",
                     budget, out, progress or (lambda message: None), default_isolate(isolate), timeout,
                     tuple(components))

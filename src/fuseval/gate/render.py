@@ -44,7 +44,8 @@ def report_dict(report: GateReport) -> dict[str, Any]:
         "schema_version": 1, "tool": "fuseval gate", "ops": report.ops, "impl": report.impl,
         "profile": report.profile, "device": report.device, "strict": report.strict,
         "started": report.started, "seconds": round(report.seconds, 3), "passed": report.passed,
-        "exit_code": report.exit_code, "files": report.files,
+        "exit_code": report.exit_code, "files": report.files, "seeds": report.seeds,
+        "seed_drawn": report.seed_drawn,
         "not_run": [{"op": c.op, "component": c.name, "reason": c.tests[0].message if c.tests else c.summary}
                     for c in report.not_run],
         "components": [c.to_dict() for c in report.components],
@@ -206,6 +207,9 @@ def print_summary(report: GateReport, stream: TextIO | None = None, max_findings
         seconds = "-" if c.status == "skipped" else f"{_num(c.seconds)} s"
         table.add_row(c.op, c.name, f"[{colors[c.status]}]{status}[/]", seconds, escape(c.summary))
     out.print(table)
+    if report.seeds:
+        how = "drawn at random" if report.seed_drawn else "as given"
+        out.print(f"seeds {', '.join(map(str, report.seeds))} ({how}; --seed {report.seeds[0]} repeats them)", **plain)
     for c in report.components:
         if c.status != "skipped":
             out.print(f"time {c.op} {timing_line(c)}", **plain)

@@ -73,6 +73,8 @@ class GateReport:
     seconds: float
     started: str
     files: dict[str, str] = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)     # the check's seeds (drawn at random unless given)
+    seed_drawn: bool = False
 
     @property
     def passed(self) -> bool:
@@ -123,9 +125,17 @@ class GateReport:
         return junit_xml(self)
 
     def save(self, out: str) -> dict[str, str]:
-        """Write junit.xml, gate.json and gate.md into the folder ``out``."""
+        """Write junit.xml, gate.json and gate.md into the folder ``out``; an
+        :class:`~fuseval.errors.OutputError` when that cannot be done (a machine limit stays
+        an OSError, for the command's exit code of its own)."""
+        from ..errors import OutputError, resource_message
         from .render import save
-        return save(self, out)
+        try:
+            return save(self, out)
+        except OSError as exc:
+            if resource_message(exc):
+                raise
+            raise OutputError(f"cannot write the gate's reports into {out!r}: {exc.strerror or exc}") from exc
 
     def text(self, max_findings: int = 12) -> str:
         """The summary as plain text (for pytest failures and logs)."""

@@ -139,7 +139,7 @@ def run_component(name: str, op: str, impl: str | Callable, *, profile: str | Pr
                   budget_config: str | None = None, budget_cases: str | None = "profile",
                   budget: Any = None, out: str | None = None,
                   progress: Callable[[str], None] | None = None, isolate: bool | None = None,
-                  timeout: float | None = None) -> ComponentResult:
+                  timeout: float | None = None, seed: int | None = None) -> ComponentResult:
     """Run one gate component on one operator (see :func:`run_gate` for the arguments);
     an operator without the implementation is an ImplementationError here."""
     _components_of([name])
@@ -148,7 +148,8 @@ def run_component(name: str, op: str, impl: str | Callable, *, profile: str | Pr
         raise UsageError(f"op: one operator expected here, got {', '.join(names)}")
     s = settings(profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
                  warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
-                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=[name])
+                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=[name],
+                 seed=seed)
     return run_guarded(name, context(names[0], impl, s))
 
 
@@ -159,7 +160,8 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
              strict: bool = False, budget_config: str | None = None, budget_cases: str | None = "profile",
              budget: Any = None, out: str | None = None,
              progress: Callable[[str], None] | None = None, isolate: bool | None = None,
-             timeout: float | None = None, jobs: int | str = 1, warmup: bool = True) -> GateReport:
+             timeout: float | None = None, jobs: int | str = 1, warmup: bool = True,
+             seed: int | None = None) -> GateReport:
     """Run the gate on one operator, several ("a,b", a list) or "all".
 
     ``impl``: a name of the operators' implementation tables ("fast", "torch"...),
@@ -167,7 +169,8 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     is reported as not run ("no implementation 'fast'"), while naming such an operator is
     an error. ``profile`` sets config, device, seeds and the properties / budget profiles
     (``PROFILES``); ``config``, ``device``, ``cases``, ``seeds``, ``budget_config`` and
-    ``budget_cases`` ("all", a selection, or "profile") override it. ``components``:
+    ``budget_cases`` ("all", a selection, or "profile") override it. ``seed``: the first
+    seed of the check (None: drawn at random; the report has the seeds). ``components``:
     which of "check", "properties", "budget" to run. ``strict``: warnings fail.
     ``budget``: a budget file or mapping for :func:`fuseval.budget.run_budget`. ``out``: a
     folder for junit.xml, gate.json, gate.md and the components' reports.
@@ -195,10 +198,12 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     _check_jobs(jobs)
     s = settings(profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
                  warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
-                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=chosen)
+                 budget=budget, out=out, progress=progress, isolate=isolate, timeout=timeout, components=chosen,
+                 seed=seed)
     plan = _plan(op, names, impl, s, chosen)
+    # the seeds as this run resolved them: a pool process must not draw seeds of its own
     options = {"impl": impl, "settings": dict(
-        profile=profile, device=device, config=config, cases=cases, seeds=seeds, mode=mode,
+        profile=profile, device=device, config=config, cases=cases, seeds=list(s.seeds), mode=mode,
         warn_margin=warn_margin, strict=strict, budget_config=budget_config, budget_cases=budget_cases,
         budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
     warm = None
@@ -214,7 +219,8 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
             s.progress(warm.stop())
     from ..ops import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
-                        time.perf_counter() - t_start, started)
+                        time.perf_counter() - t_start, started, seeds=list(s.seeds),
+                        seed_drawn=seed is None and not isinstance(seeds, (list, tuple, range)))
     for r in results:
         report.files.update({f"{r.op}.{k}": v for k, v in r.files.items()})
     if out:

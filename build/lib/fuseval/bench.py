@@ -1,0 +1,592 @@
+"""GPU benchmark harness, the same for every operator.
+
+What one run measures, for each benchmark case of an operator:
+
+* the **median latency** of every implementation timed (the fast path and the torch
+  baselines), with CUDA events around each call, after a warm-up, over many repetitions,
+  with the L2 cache flushed (a 256 MiB buffer written) before every repetition so that
+  no call finds its weights or activations left in cache by the previous one;
+* the **floor**: ``max(FLOPs / matmul ceiling, bytes / bandwidth ceiling)``, from the
+  operator's cost model (``cost_model(axes)`` in its reference module: the minimal FLOPs
+  and bytes of one call and the dtype its matrix products run in) and from ceilings
+  **measured in the same run** (device copy bandwidth counting bytes read plus written;
+  bf16, fp16, tf32 and fp32 matrix products of 8192^3 with torch, random data);
+* the **fraction of the floor** reached (floor / latency, 1.0 = at the floor);
+* the **suite mean** in the SOL-ExecBench sense: the arithmetic mean of the 16 case
+  latencies of each implementation (and of the floors);
+* optionally (``check=True``) the correctness of each timed implementation on each case
+  against the float64 oracle, through :func:`fuseval.check.run_case`: fresh random inputs
+  (the seed is drawn at random unless given, and recorded), the device allocator poisoned
+  with NaN before the call, the definition's tolerance rule;
+* the **SM clock and power** while the ceilings and each timing ran (``fuseval.clocks``,
+  sampled by nvidia-smi in a separate process): long tensor-core loads meet the GPU's
+  power cap and run at a lower clock than the short ceiling measurements, which the
+  fraction of the floor alone does not show;
+* the **sustained floor** (``sustained_s`` > 0): the same floor with the matmul ceiling
+  of the operator's dtype measured again over the last half of ``sustained_s`` seconds
+  of back-to-back products, i.e. at whatever clock the power cap leaves. The burst floor
+  stays the benchmark's floor (the targets are stated against it); the sustained one
+  says how much of a large case's distance to it no kernel can close on this GPU.
+
+* the **fast path's options** in force (``OperatorSpec.options_of_fast()``: tile tables,
+  precision policy), so that a timing can be tied to the configuration that produced it.
+
+Per-operator pieces come from the operator's spec (:mod:`fuseval.operators`), nothing here
+names an operator: the implementations to time default to the spec's ``bench_impls``, else
+every entry of the definition's ``implementations`` table except the oracles
+(``reference*``); the spec's ``bench_fast`` is the one the others are compared with; the
+floor comes from its ``cost()`` model.
+
+The timer, :func:`time_call`, is the one fuseval times latencies with (``fuseval
+baseline`` uses it too). Rendering of a report is :mod:`fuseval.bench_render`.
+
+Everything that touches the GPU is skipped (``BenchSkipped``) when there is none.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import torch
+
+from . import operators
+from . import ops as _ops
+from .bench_render import plot_report, print_bench_report, write_outputs
+from .definitions import Definition
+from .report import fmt_number
+from .torch_flags import matmul_flags
+
+__all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
+           "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
+           "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
+           "print_bench_report", "write_outputs", "plot_report"]
+
+L2_FLUSH_BYTES = 256 << 20
+# the timer's rules by default: warm-up, time filled by repetitions, repetition bounds
+WARMUP_MS, REP_MS, MIN_REPS, MAX_REPS = 30.0, 150.0, 10, 500
+
+
+class BenchSkipped(RuntimeError):
+    """The benchmark cannot run here (no CUDA device)."""
+
+
+def _require_cuda(device: torch.device) -> None:
+    if device.type != "cuda":
+        raise BenchSkipped(f"benchmarks need a CUDA device, got device {device}")
+    if not torch.cuda.is_available():
+        raise BenchSkipped(f"no CUDA device (torch {torch.__version__} sees none)")
+
+
+# --------------------------------------------------------------------------- timing
+@dataclass
+class Timing:
+    """Latency of one implementation on one case, in milliseconds."""
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    reps: int
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float]) -> "Timing":
+        s = sorted(samples)
+        q = lambda f: s[min(len(s) - 1, int(round(f * (len(s) - 1))))]
+        return cls(statistics.median(s), q(0.2), q(0.8), s[0], len(s))
+
+
+class _Flusher:
+    """Writes a buffer larger than the L2 cache (H200: 60 MB) before each timed call."""
+
+    def __init__(self, device: torch.device, nbytes: int = L2_FLUSH_BYTES):
+        self.buf = torch.empty(nbytes // 4, dtype=torch.int32, device=device)
+
+    def __call__(self) -> None:
+        self.buf.zero_()
+
+
+def timer_rules(*, warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
+                max_reps: int = MAX_REPS, flush: bool = True) -> dict[str, Any]:
+    """The rules :func:`time_call` times under, as bench.json and baselines record them."""
+    return {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
+            "l2_flush_bytes": L2_FLUSH_BYTES if flush else 0, "timer": "cuda events, median"}
+
+
+def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", warmup_ms: float = WARMUP_MS,
+              rep_ms: float = REP_MS, min_reps: int = MIN_REPS, max_reps: int = MAX_REPS,
+              flush: bool = True) -> Timing:
+    """Median latency of ``fn()``: CUDA events around each call on a GPU (perf_counter
+    around a synchronous call on the CPU), after a warm-up of at least ``warmup_ms``
+    (and at least two calls), with as many repetitions as fit ``rep_ms`` within
+    [min_reps, max_reps], the L2 flushed before each one when ``flush``."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        # CPU: no cache to flush meaningfully, no async queue; used by tests and dry runs
+        t_end, n = time.perf_counter() + warmup_ms / 1e3, 0
+        while n < 2 or time.perf_counter() < t_end:
+            fn()
+            n += 1
+        t0 = time.perf_counter()
+        fn()
+        est = max(time.perf_counter() - t0, 1e-7)
+        reps = int(min(max_reps, max(min_reps, rep_ms / 1e3 / est)))
+        samples = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+        return Timing.from_samples(samples)
+
+    flusher = _Flusher(device) if flush else None
+    torch.cuda.synchronize(device)
+    # warm-up: compilation, autotuning, caches of the implementation; also a first estimate
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    t_end, n = time.perf_counter() + warmup_ms / 1e3, 0
+    while n < 2 or time.perf_counter() < t_end:
+        if flusher:
+            flusher()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize(device)
+        n += 1
+    est_ms = max(start.elapsed_time(end), 1e-4)
+    reps = int(min(max_reps, max(min_reps, rep_ms / est_ms)))
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        if flusher:
+            flusher()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize(device)
+    return Timing.from_samples([s.elapsed_time(e) for s, e in zip(starts, ends)])
+
+
+@dataclass(frozen=True)
+class SustainedRate:
+    """FLOP/s of a call repeated back to back: over its first 100 ms (``burst``) and over
+    the second half of the run (``steady``), with that half's wall-clock interval (for
+    ``fuseval.clocks``)."""
+    steady_flops_per_s: float
+    burst_flops_per_s: float
+    calls: int
+    seconds: float
+    steady_interval: tuple[float, float]
+
+
+def sustained_rate(fn: Callable[[], Any], flops: float, seconds: float, *,
+                   device: torch.device | str = "cuda", idle_s: float = 1.0) -> SustainedRate:
+    """Call ``fn`` (``flops`` FLOPs per call) back to back for ``seconds`` after ``idle_s``
+    of rest, timing every call: on a GPU with CUDA events, four calls queued ahead so that
+    the device never waits for the host (no L2 flush: a steady state, not a latency); on
+    the CPU with perf_counter around synchronous calls (tests). A GPU at its power cap
+    settles within a fraction of a second, so the second half is its steady rate."""
+    device = torch.device(device)
+    if seconds <= 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    time.sleep(idle_s)
+    durations, finish = [], []          # ms of each call; ms from the first start to its end
+    t0 = time.time()
+    if device.type == "cuda":
+        events = []
+        while time.time() - t0 < seconds:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            events.append((start, end))
+            if len(events) > 4:
+                events[-5][1].synchronize()
+        torch.cuda.synchronize(device)
+        first = events[0][0]
+        durations = [s.elapsed_time(e) for s, e in events]
+        finish = [first.elapsed_time(e) for _, e in events]
+    else:
+        p0 = time.perf_counter()
+        while time.time() - t0 < seconds:
+            a = time.perf_counter()
+            fn()
+            b = time.perf_counter()
+            durations.append(1e3 * (b - a))
+            finish.append(1e3 * (b - p0))
+    t1 = time.time()
+    half = finish[-1] / 2
+    steady = [d for f, d in zip(finish, durations) if f > half] or durations[-1:]
+    burst = [d for f, d in zip(finish, durations) if f <= 100.0] or durations[:1]
+    return SustainedRate(flops * len(steady) / (sum(steady) / 1e3), flops * len(burst) / (sum(burst) / 1e3),
+                         len(durations), t1 - t0, (t0 + (t1 - t0) / 2, t1))
+
+
+# --------------------------------------------------------------------------- ceilings
+@dataclass
+class Ceilings:
+    """Measured rates of this device: bytes/s of a device copy (read + write) and
+    FLOP/s of large matrix products per operand dtype, in short bursts; optionally the
+    matmul rate of some dtypes sustained for seconds (``sustained_*``)."""
+    device_name: str
+    copy_bytes_per_s: float
+    matmul_flops_per_s: dict[str, float]
+    sustained_matmul_flops_per_s: dict[str, float] = field(default_factory=dict)
+    sustained_s: float = 0.0
+    sustained_intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def rate(self, dtype: str, *, sustained: bool = False) -> float:
+        rates = self.sustained_matmul_flops_per_s if sustained else self.matmul_flops_per_s
+        if dtype not in rates:
+            kind = "sustained matmul ceiling" if sustained else "matmul ceiling"
+            raise ValueError(f"no measured {kind} for dtype {dtype!r}; measured: {sorted(rates)}")
+        return rates[dtype]
+
+
+_MATMUL_DTYPES = {"bf16": (torch.bfloat16, False), "fp16": (torch.float16, False),
+                  "tf32": (torch.float32, True), "fp32": (torch.float32, False)}
+
+
+def square_matmul(name: str, n: int, device: torch.device):
+    """A thunk for one n^3 product of random operands in the dtype named ``name`` (with
+    torch's TF32 switch set for it while it runs)."""
+    dtype, tf32 = _MATMUL_DTYPES[name]
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+
+    def product():
+        with matmul_flags(tf32=tf32):
+            torch.matmul(a, b, out=out)
+    return product
+
+
+def measure_ceilings(device: torch.device | str = "cuda", *, matmul_n: int = 8192,
+                     copy_bytes: int = 2 << 30) -> Ceilings:
+    """Copy bandwidth and matmul rates (bf16, fp16, tf32, fp32), measured here and now in
+    short bursts."""
+    device = torch.device(device)
+    _require_cuda(device)
+    src = torch.randn(copy_bytes // 4, device=device)
+    dst = torch.empty_like(src)
+    t = time_call(lambda: dst.copy_(src), device=device, warmup_ms=20, rep_ms=100, min_reps=10,
+                  max_reps=50, flush=False)
+    copy_bw = 2 * copy_bytes / (t.median_ms / 1e3)
+    del src, dst
+
+    rates = {}
+    for name in _MATMUL_DTYPES:
+        product = square_matmul(name, matmul_n, device)
+        t = time_call(product, device=device, warmup_ms=20, rep_ms=60 if name != "fp32" else 150,
+                      min_reps=3, max_reps=30, flush=False)
+        rates[name] = 2 * matmul_n ** 3 / (t.median_ms / 1e3)
+        del product
+    torch.cuda.empty_cache()
+    return Ceilings(torch.cuda.get_device_name(device), copy_bw, rates)
+
+
+def measure_sustained(ceilings: Ceilings, dtypes: Sequence[str], seconds: float, *,
+                      device: torch.device | str = "cuda", matmul_n: int = 8192) -> Ceilings:
+    """Add to ``ceilings`` the steady rate (``sustained_rate``) of the n^3 product in each
+    of ``dtypes``, run back to back for ``seconds``."""
+    device = torch.device(device)
+    _require_cuda(device)
+    unknown = sorted(set(dtypes) - set(_MATMUL_DTYPES))
+    if unknown:
+        raise ValueError(f"dtypes: expected some of {sorted(_MATMUL_DTYPES)}, got {unknown}")
+    for name in dtypes:
+        product = square_matmul(name, matmul_n, device)
+        r = sustained_rate(product, 2 * matmul_n ** 3, seconds, device=device)
+        ceilings.sustained_matmul_flops_per_s[name] = r.steady_flops_per_s
+        ceilings.sustained_intervals[name] = r.steady_interval
+        del product
+    ceilings.sustained_s = seconds
+    torch.cuda.empty_cache()
+    return ceilings
+
+
+# --------------------------------------------------------------------------- per-operator pieces
+@dataclass
+class BenchSpec:
+    """What to time for one operator and how to compute its floor."""
+    op: str
+    impls: list[str]
+    fast: str | None
+    cost_model: Callable[[Mapping[str, int]], Mapping[str, Any]] | None
+    parts: Callable[..., Mapping[str, Any]] | None = None      # the fast path's parts (bench_parts)
+
+    @property
+    def baselines(self) -> list[str]:
+        return [i for i in self.impls if i != self.fast]
+
+
+def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpec:
+    """The operator's benchmark pieces, from its spec: ``cost_model(axes)``, the
+    implementations timed by default and which of them is its fast path."""
+    op = operators.spec(defn.name)
+    default = list(op.bench_impls or [k for k in defn.implementations if "reference" not in k])
+    chosen = list(impls) if impls else default
+    if not chosen:
+        raise ValueError(f"{defn.name}: no implementation to benchmark")
+    fast = op.bench_fast if op.bench_fast in chosen else None
+    return BenchSpec(defn.name, chosen, fast, op.cost(), op.parts_of_fast() if fast else None)
+
+
+def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:
+    """max(FLOPs / matmul rate, bytes / copy bandwidth), and which term bounds it; with
+    ``sustained`` the matmul rate is the sustained one."""
+    compute = float(cost["flops"]) / ceilings.rate(str(cost.get("matmul_dtype", "bf16")), sustained=sustained)
+    memory = float(cost["bytes"]) / ceilings.copy_bytes_per_s
+    return (compute, "compute") if compute >= memory else (memory, "memory")
+
+
+# --------------------------------------------------------------------------- results
+@dataclass
+class CaseBench:
+    case: int
+    axes: dict[str, int]
+    timings: dict[str, dict[str, Any] | None]       # impl -> asdict(Timing) or None
+    errors: dict[str, str] = field(default_factory=dict)       # impl -> why it was not timed
+    flops: float | None = None
+    bytes: float | None = None
+    floor_ms: float | None = None
+    bound: str | None = None
+    floor_sustained_ms: float | None = None          # the floor at the sustained matmul rate
+    floors_at_ms: dict[str, float] = field(default_factory=dict)  # the cost model's "floors_also_at" dtypes
+    check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
+    clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (bench_parts)
+
+    def median(self, impl: str) -> float | None:
+        t = self.timings.get(impl)
+        return None if t is None else t["median_ms"]
+
+
+@dataclass
+class BenchReport:
+    op: str
+    config: str
+    device: str
+    seed: int
+    mode: str
+    impls: list[str]
+    fast: str | None
+    ceilings: dict[str, Any] | None
+    settings: dict[str, Any]
+    cases: list[CaseBench]
+    fast_options: dict[str, Any] | None = None     # the fast path's options in force (None: not timed)
+
+    def suite_mean(self, impl: str) -> float | None:
+        """Mean latency over the cases (SOL-ExecBench's suite score); None if any is missing."""
+        vals = [c.median(impl) for c in self.cases]
+        return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
+
+    def floor_mean(self, *, sustained: bool = False, dtype: str | None = None) -> float | None:
+        """Mean floor over the cases: at the cost model's matmul rate, its sustained rate,
+        or (``dtype``) at the rate of one of the dtypes its ``floors_also_at`` names."""
+        if dtype is not None:
+            vals = [c.floors_at_ms.get(dtype) for c in self.cases]
+        else:
+            vals = [c.floor_sustained_ms if sustained else c.floor_ms for c in self.cases]
+        return None if not vals or any(v is None for v in vals) else sum(vals) / len(vals)
+
+    @property
+    def checked(self) -> bool:
+        return any(c.check for c in self.cases)
+
+    def check_passed(self, impl: str) -> int:
+        return sum(1 for c in self.cases if c.check.get(impl, {}).get("passed"))
+
+    def summary(self) -> dict[str, Any]:
+        means = {i: self.suite_mean(i) for i in self.impls}
+        floor = self.floor_mean()
+        out: dict[str, Any] = {"suite_mean_ms": means, "floor_mean_ms": floor}
+        if floor is not None:
+            out["fraction_of_floor"] = {i: (floor / m if m else None) for i, m in means.items()}
+        also = sorted({d for c in self.cases for d in c.floors_at_ms})
+        at = {d: self.floor_mean(dtype=d) for d in also}
+        at = {d: f for d, f in at.items() if f is not None}
+        if at:
+            out["floor_mean_at_ms"] = at
+            out["fraction_of_floor_at"] = {d: {i: (f / m if m else None) for i, m in means.items()}
+                                           for d, f in at.items()}
+        sustained = self.floor_mean(sustained=True)
+        if sustained is not None:
+            out["sustained_floor_mean_ms"] = sustained
+            out["fraction_of_sustained_floor"] = {i: (sustained / m if m else None) for i, m in means.items()}
+        if self.fast and means.get(self.fast):
+            out["speedup_of_fast"] = {i: (m / means[self.fast] if m else None)
+                                      for i, m in means.items() if i != self.fast}
+        if self.checked:
+            out["cases_passed"] = {i: self.check_passed(i) for i in self.impls}
+            out["cases"] = len(self.cases)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["summary"] = self.summary()
+        return d
+
+
+# --------------------------------------------------------------------------- the run
+def _check_summary(result) -> dict[str, Any]:
+    pred = result.predicted
+    return {"passed": result.passed, "violations": list(result.violations),
+            "messages": list(result.messages), "seed": result.seed,
+            "outputs": {m.name: {"max_abs": m.max_abs, "mean_abs": m.mean_abs, "rel_l2": m.rel_l2,
+                                 "matched_ratio": m.matched_ratio} for m in result.outputs},
+            "predicted": None if pred is None else {
+                "passed": pred.passed, "violations": list(pred.violations),
+                "matched_ratio": {m.name: m.matched_ratio for m in pred.outputs}}}
+
+
+def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
+              cases: Sequence[int] | str | None = None, config: str = "seed",
+              device: str | torch.device = "cuda", seed: int | None = None, mode: str = "benchmark",
+              check: bool = False, hygiene: bool = True, flush: bool = True,
+              warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
+              max_reps: int = MAX_REPS,
+              ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
+              parts: bool = True, progress: Callable[[str], None] | None = None) -> BenchReport:
+    """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
+    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``).
+    ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
+    for that many seconds, and give each case a sustained floor (0: not). ``parts``: also
+    time the fast path's parts apart (:mod:`fuseval.bench_parts`) where its operator declares them."""
+    from .clocks import ClockMonitor, wall
+    from .clocks import summarize as summarize_clocks
+
+    if sustained_s < 0:
+        raise ValueError(f"sustained_s: expected seconds >= 0 (0 = off), got {sustained_s}")
+    device = torch.device(device)
+    _require_cuda(device)
+    operator = _ops.get(op, config)
+    defn = operator.definition
+    spec = bench_spec(defn, impls)
+    if not parts:
+        spec.parts = None
+    fns = {name: operator.implementation(name) for name in spec.impls}
+    # read once the fast path is resolved, i.e. with the options its module settled on
+    fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
+    reference = operator.reference
+    if seed is None:
+        seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run
+    say = progress or (lambda msg: None)
+
+    monitor = ClockMonitor(device) if monitor_clocks else None
+    if monitor is not None and not monitor.start():
+        say(f"not sampling GPU clocks: {monitor.unavailable}")
+    intervals: dict[tuple[int, str], tuple[float, float]] = {}   # (case, impl) -> wall-clock interval
+    ceilings_interval = None
+    try:
+        if ceilings is None and spec.cost_model is not None:
+            dtypes = sorted({str(spec.cost_model(defn.resolve_axes(c.axes)).get("matmul_dtype", "bf16"))
+                             for c in defn.cases(cases)}) if sustained_s > 0 else []
+            say("measuring ceilings (copy bandwidth, matmul rates"
+                + (f"; {', '.join(dtypes)} sustained for {sustained_s:g} s" if dtypes else "") + ")...")
+            t0 = wall()
+            ceilings = measure_ceilings(device)
+            ceilings_interval = (t0, wall())
+            if dtypes:
+                measure_sustained(ceilings, dtypes, sustained_s, device=device)
+        results = _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
+                               warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say)
+    finally:
+        if monitor is not None:
+            monitor.stop()
+    clocks: dict[str, Any] = {"sampled": False}
+    if monitor is not None:
+        clocks = {"sampled": monitor.unavailable is None, "unavailable": monitor.unavailable,
+                  "power_limit_w": monitor.power_limit_w, "interval_ms": monitor.interval_ms}
+        samples = monitor.samples()
+        monitor.close()
+        if ceilings_interval is not None:
+            clocks["ceilings"] = summarize_clocks(samples, *ceilings_interval)
+        if ceilings is not None and ceilings.sustained_intervals:
+            clocks["sustained_ceilings"] = {d: summarize_clocks(samples, *iv)
+                                            for d, iv in ceilings.sustained_intervals.items()}
+        for cb in results:
+            for name in spec.impls:
+                if (cb.case, name) in intervals:
+                    cb.clocks[name] = summarize_clocks(samples, *intervals[(cb.case, name)])
+
+    settings = {**timer_rules(warmup_ms=warmup_ms, rep_ms=rep_ms, min_reps=min_reps, max_reps=max_reps,
+                              flush=flush),
+                "check": check, "hygiene": hygiene, "torch": torch.__version__,
+                "triton": _triton_version(), "tolerance": asdict(defn.tolerance), "clocks": clocks}
+    return BenchReport(defn.name, defn.config, torch.cuda.get_device_name(device), seed, mode,
+                       spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results,
+                       fast_options)
+
+
+def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, hygiene, flush,
+                 warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
+    """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
+    ``intervals`` so that the clock samples can be matched to it afterwards."""
+    from .check import SOL_REFERENCE, run_case
+    from .clocks import wall
+    from .inputs import generate_inputs
+    from .ops import resolve_impl
+    # the benchmark's predicted verdict beside the oracle's, where the operator has its reference
+    predictor = resolve_impl(defn, SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
+    results: list[CaseBench] = []
+    selected = defn.cases(cases)
+    for n, case in enumerate(selected):
+        axes = defn.resolve_axes(case.axes)
+        cb = CaseBench(case.index, dict(case.axes), {})
+        if spec.cost_model is not None:
+            cost = spec.cost_model(axes)
+            cb.flops, cb.bytes = float(cost["flops"]), float(cost["bytes"])
+            if ceilings is not None:
+                floor, cb.bound = floor_seconds(cost, ceilings)
+                cb.floor_ms = floor * 1e3
+                if ceilings.sustained_matmul_flops_per_s:
+                    cb.floor_sustained_ms = floor_seconds(cost, ceilings, sustained=True)[0] * 1e3
+                for dtype in cost.get("floors_also_at", ()):
+                    cb.floors_at_ms[dtype] = floor_seconds(dict(cost, matmul_dtype=dtype), ceilings)[0] * 1e3
+        inputs = generate_inputs(defn, case.axes, seed=seed + case.index, mode=mode, device=device)
+        if check:
+            for name in spec.impls:
+                # the fast path gets the full hygiene rules; baselines only the numerics
+                result = run_case(defn, fns[name], case, seed=seed, device=device, mode=mode,
+                                  reference=reference, inputs=inputs,
+                                  hygiene=hygiene and name == spec.fast, predictor=predictor)
+                cb.check[name] = _check_summary(result)
+        for name in spec.impls:
+            fn = fns[name]
+            try:
+                t0 = wall()
+                t = time_call(lambda: fn(*inputs), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                              min_reps=min_reps, max_reps=max_reps, flush=flush)
+                intervals[(case.index, name)] = (t0, wall())
+                cb.timings[name] = asdict(t)
+            except Exception as exc:  # noqa: BLE001 - a failing implementation is reported, not fatal
+                cb.timings[name] = None
+                cb.errors[name] = f"{type(exc).__name__}: {exc}"
+        if spec.parts is not None and cb.timings.get(spec.fast):
+            from .bench_parts import time_parts
+            cb.parts = time_parts(spec.parts(*inputs), ceilings, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
+                                  min_reps=min_reps, max_reps=max_reps, flush=flush)
+        results.append(cb)
+        del inputs
+        torch.cuda.empty_cache()
+        times = ", ".join(f"{k} {fmt_number(v['median_ms'] if v else None, 3, 'g')} ms" for k, v in cb.timings.items())
+        floor = f", floor {fmt_number(cb.floor_ms, 3, 'g')} ms" if cb.floor_ms is not None else ""
+        verdict = ""
+        if cb.check:
+            verdict = " | check: " + ", ".join(
+                f"{k} {'ok' if v['passed'] else 'FAIL'}"
+                + ("" if v["predicted"] is None else f" (bench {'ok' if v['predicted']['passed'] else 'FAIL'})")
+                for k, v in cb.check.items())
+        say(f"[{n + 1}/{len(selected)}] case {case.index} {case.label}: {times}{floor}{verdict}")
+    return results
+
+
+def _triton_version() -> str | None:
+    try:
+        import triton
+        return triton.__version__
+    except Exception:  # noqa: BLE001
+        return None

@@ -1,0 +1,462 @@
+"""Checking an implementation against the float64 oracle.
+
+The rules are the seed benchmark's, made stricter where it is weak:
+
+* the tolerance rule of the definition (element: |out - ref| <= atol + rtol*|ref|; case:
+  matched ratio, optional max-abs bound), in :mod:`fuseval.comparison`;
+* NaN or Inf in an output fails (``nonfinite``), unless the oracle has the same
+  non-finite value at that position by construction (e.g. a NaN e4m3 scale code);
+* an all-zero output against a non-zero oracle fails (``all_zero``);
+* the device allocator is poisoned with NaN before each call, so output elements the
+  implementation never wrote show up as NaN rather than as stale or zero memory;
+* every case draws fresh inputs (seed + case index);
+* the implementation may not mutate its inputs (``mutated_input``), return tensors that
+  alias them (``aliased_output``), return a cached result (``cached_result``: a later
+  call with part of the inputs drawn anew returns the same outputs, or outputs the
+  oracle rejects), or hand back buffers it overwrites on the next call (``output_reused``):
+  :mod:`fuseval.hygiene`;
+* wrong output count, shape or dtype (``bad_outputs``) and exceptions (``raised``).
+
+Each violation is reported by name in :class:`CaseResult.violations`. Each case also
+says on which outputs its tolerance is blind (``CaseResult.blind``: an error of 10% of
+the output's RMS would pass every element) and where its time went
+(``CaseResult.timings``: inputs, oracle, impl, compare, hygiene).
+
+Two rule sets (``RULES``): ``"fuseval"`` (the above, the default) and ``"sol"``, the
+benchmark's own (SOL-ExecBench's evaluator): outputs and reference compared in float32,
+and any NaN or Inf in the output *or the reference* fails the case, even where both agree.
+``check(..., against="sol_reference", rules="sol")`` predicts the benchmark's verdict; a
+plain check reports that prediction beside its own verdict (``CaseResult.predicted``).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import torch
+
+from . import ops as _ops
+from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
+from .definitions import Case, Definition, Tolerance
+from .errors import VIOLATION_EXIT, NoDeviceError
+from .hygiene import (NO_OUTPUTS, fingerprint, input_groups, judge_partial_calls, partial_calls, poison_allocator,
+                      same_outputs)
+from .in_process import Local, as_tuple, sync
+from .inputs import TORCH_DTYPES, generate_inputs
+from .validate import bind_axes, check_outputs_shape
+
+__all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
+           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
+           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS"]
+
+# what the benchmark compares against: the implementation name of its reference
+SOL_REFERENCE = "sol_reference"
+
+# every violation name, from the one table that also gives each its exit code
+VIOLATIONS = tuple(name for name, _ in VIOLATION_EXIT)
+
+# where a case's time goes: drawing its inputs, the oracle (and the benchmark's reference
+# when its verdict is predicted), the implementation's first call, comparing its outputs,
+# and everything the hygiene rules add (fingerprints, later calls, their inputs and oracle)
+TIMING_KEYS = ("inputs", "oracle", "impl", "compare", "hygiene")
+
+
+class Timings(dict):
+    """Seconds by :data:`TIMING_KEYS`; ``with timings("oracle"): ...`` adds a block's time."""
+
+    def __init__(self):
+        super().__init__({key: 0.0 for key in TIMING_KEYS})
+
+    @contextlib.contextmanager
+    def __call__(self, key: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[key] += time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- one case
+@dataclass
+class Prediction:
+    """The benchmark's predicted verdict on a case: the outputs compared with
+    ``sol_reference`` (the benchmark's reference in its own precision) under its rules."""
+    passed: bool
+    outputs: list[OutputMetrics]
+    violations: list[str]
+
+
+@dataclass
+class CaseResult:
+    case: int
+    axes: dict[str, int]
+    outputs: list[OutputMetrics]
+    violations: list[str]
+    messages: list[str]
+    passed: bool
+    impl_seconds: float             # the first call, as the implementation's process timed it
+    oracle_seconds: float
+    seed: int
+    tolerance: dict[str, Any] = field(default_factory=dict)
+    predicted: Prediction | None = None
+    # seconds by TIMING_KEYS, as fuseval's process saw them
+    timings: dict[str, float] = field(default_factory=dict)
+    # the outputs on which this case's tolerance is blind (comparison.blind_outputs)
+    blind: list[BlindOutput] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _deadline(timeout: float | None) -> float | None:
+    return time.monotonic() + float(timeout) if timeout else None
+
+
+class _Verdict:
+    """The violations and messages of one case, in the order found, each violation once."""
+
+    def __init__(self):
+        self.violations: list[str] = []
+        self.messages: list[str] = []
+
+    def add(self, violations: Sequence[str], messages: Sequence[str]) -> None:
+        self.violations += violations
+        self.messages += messages
+
+    def names(self) -> list[str]:
+        return list(dict.fromkeys(self.violations))
+
+
+def _predict(defn: Definition, outputs, sol_refs, tol: Tolerance) -> Prediction:
+    """The benchmark's verdict on ``outputs``: its reference's outputs under its rules."""
+    metrics = [compare(o, r, tol, s.name, rules="sol") for o, r, s in zip(outputs, sol_refs, defn.outputs)]
+    violations = list(dict.fromkeys(reason for m in metrics for reason in m.reasons))
+    return Prediction(not violations, metrics, violations)
+
+
+def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torch.device,
+             mode: str = "benchmark", reference: Callable | None = None,
+             inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
+             predictor: Callable | None = None, timeout: float | None = None) -> CaseResult:
+    """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
+
+    ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
+    :class:`fuseval.isolation.Worker` (the implementation in its own process).
+    ``reference``: what the outputs are compared with (default: the float64 oracle);
+    ``rules``: "fuseval" or "sol" (see ``RULES``); ``predictor``: when given (the
+    benchmark's ``sol_reference``), the benchmark's verdict is predicted beside.
+    ``timeout``: seconds every call of the implementation in this case may take together
+    (enforced for a worker only: a call in this process cannot be interrupted)."""
+    runner = impl if hasattr(impl, "call") and hasattr(impl, "recopy") else Local(impl, device)
+    reference = reference or _ops.resolve_impl(defn, "reference")
+    tol = case.tolerance or defn.tolerance
+    case_seed = seed + case.index
+    clock, verdict = Timings(), _Verdict()
+    with clock("inputs"):
+        if inputs is None:
+            inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
+        bound = bind_axes(defn, inputs, check_values=False)
+    with clock("hygiene"):
+        # fingerprints (a full int64 pass over every input) only when the hygiene rules use
+        # them; taken before the oracle runs, so an oracle that mutated its inputs shows too
+        before = [fingerprint(t) for t in inputs] if hygiene else None
+    expected = [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+    out_bytes = sum(math.prod(defn.shape_of(s, bound)) * 4 for s in defn.outputs)
+    # the oracles run first, on the untouched inputs: an implementation that mutates its
+    # inputs is then compared with the answer to the question it was asked
+    with clock("oracle"):
+        t0 = time.perf_counter()
+        refs = as_tuple(reference(*inputs))
+        sync(device)
+        oracle_seconds = time.perf_counter() - t0
+        sol_refs = as_tuple(predictor(*inputs)) if predictor is not None else None
+    blind = blind_outputs(case.index, refs, defn.outputs, tol)
+
+    deadline = _deadline(timeout)
+    with clock("impl"):
+        res = runner.call(inputs, keep=hygiene, poison=2 * out_bytes, deadline=deadline, expected=expected)
+
+    def result(metrics=(), predicted=None) -> CaseResult:
+        names = verdict.names()
+        return CaseResult(case.index, dict(case.axes), list(metrics), names, verdict.messages, not names,
+                          res.seconds, oracle_seconds, case_seed, asdict(tol), predicted, dict(clock), blind)
+
+    verdict.add(res.violations, res.messages)
+    if any(v in NO_OUTPUTS or v in ("bad_outputs", "wrong_device") for v in res.violations):
+        return result()
+    outputs = res.outputs
+    problems = check_outputs_shape(defn, outputs, bound)
+    if problems:
+        verdict.add(["bad_outputs"], problems)
+        return result()
+
+    with clock("compare"):
+        metrics = [compare(o, r, tol, s.name, rules) for o, r, s in zip(outputs, refs, defn.outputs)]
+        del refs
+        predicted = _predict(defn, outputs, sol_refs, tol) if sol_refs is not None else None
+        del sol_refs
+    for m in metrics:
+        for reason in m.reasons:
+            verdict.add([reason], [f"{m.name}: {reason} (max abs {m.max_abs:.3g}, matched {m.matched_ratio:.4%})"])
+
+    if hygiene:
+        with clock("hygiene"):
+            _hygiene(defn, runner, case, case_seed, mode, device, inputs, before, res, outputs, bound, reference,
+                     tol, rules, all(m.passed for m in metrics), deadline, expected, verdict)
+    return result(metrics, predicted)
+
+
+def _hygiene(defn, runner, case, case_seed, mode, device, inputs, before, res, outputs, bound, reference, tol,
+             rules, numerics_passed, deadline, expected, verdict: _Verdict) -> None:
+    """The hygiene rules after the first call: mutated inputs, aliased outputs, the later
+    calls of the cached-result rule, and the first answer still intact after them."""
+    for spec, a, b in zip(defn.inputs, before, [fingerprint(t) for t in inputs]):
+        if a != b:
+            verdict.add(["mutated_input"], [f"input {spec.name!r} was modified by the implementation"])
+    for o_index, i_index in res.aliases:
+        verdict.add(["aliased_output"], [f"output {defn.outputs[o_index].name!r} shares memory with input "
+                                         f"{defn.inputs[i_index].name!r}"])
+    first = [o.detach().clone() for o in outputs]
+    calls = partial_calls(defn, case, case_seed, inputs, mode, device)
+    judge_partial_calls(defn, runner, calls, first, reference, tol, rules, numerics_passed,
+                        "all_zero" in verdict.violations, deadline, expected,
+                        lambda out: check_outputs_shape(defn, out, bound), verdict.violations, verdict.messages)
+    del calls
+    # the first answer must still be what it was after all those calls
+    now = runner.recopy(first, deadline)
+    if now is not None and not same_outputs(first, now):
+        verdict.add(["output_reused"], ["a later call overwrote the outputs returned by the first"])
+
+
+# --------------------------------------------------------------------------- a whole check
+@dataclass
+class CheckReport:
+    op: str
+    impl: str
+    config: str
+    device: str
+    seed: int
+    mode: str
+    tolerance: dict[str, Any]
+    cases: list[CaseResult]
+    variant: str = "sol"
+    against: str = "reference"
+    rules: str = "fuseval"
+    isolated: bool = True           # the implementation ran in a worker process of its own
+    # the named configuration whose case sizes the cases follow ("seed": full-size cases)
+    case_config: str = "seed"
+    setup_seconds: float = 0.0      # before the first case: loading, starting the worker
+    wall_seconds: float = 0.0       # the whole check
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.cases) and all(c.passed for c in self.cases)
+
+    @property
+    def timings(self) -> dict[str, float]:
+        """Seconds by :data:`TIMING_KEYS`, summed over the cases."""
+        return {key: sum(c.timings.get(key, 0.0) for c in self.cases) for key in TIMING_KEYS}
+
+    @property
+    def blind(self) -> list[BlindOutput]:
+        """Every (case, output) on which the tolerance is blind: an error of 10% of the
+        output's RMS would pass every element (``atol >= 0.1 * rms``)."""
+        return [b for c in self.cases for b in c.blind]
+
+    @property
+    def predicted_passed(self) -> bool | None:
+        """The benchmark's predicted verdict over all cases (None: not predicted)."""
+        preds = [c.predicted for c in self.cases]
+        if not preds or any(p is None for p in preds):
+            return None
+        return all(p.passed for p in preds)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["passed"] = self.passed
+        d["predicted_passed"] = self.predicted_passed
+        d["timings"] = self.timings
+        d["blind"] = [asdict(b) for b in self.blind]
+        return d
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One flat row per (case, output): handy for pandas."""
+        rows = []
+        for c in self.cases:
+            if not c.outputs:
+                rows.append({"case": c.case, **c.axes, "output": None, "passed": c.passed,
+                             "violations": ",".join(c.violations)})
+            for m in c.outputs:
+                rows.append({"case": c.case, **c.axes, "output": m.name, "max_abs": m.max_abs,
+                             "mean_abs": m.mean_abs, "rel_l2": m.rel_l2, "matched_ratio": m.matched_ratio,
+                             "passed": c.passed, "violations": ",".join(c.violations)})
+        return rows
+
+    def to_dataframe(self):
+        import pandas as pd
+        return pd.DataFrame(self.rows())
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise NoDeviceError("device 'cuda' was requested but torch sees no CUDA device "
+                         f"(torch {torch.__version__}); use --device cpu")
+    return device
+
+
+def validate_selection(selection: Any, n: int) -> None:
+    """Reject a case selection that selects nothing or a case twice (``ValueError`` naming
+    the selection); the definition's parser does the rest."""
+    from .definitions import parse_selection
+    if selection is None or selection == "all":
+        return
+    if isinstance(selection, str) and not selection.strip(" ,"):
+        raise ValueError(f"case selection {selection!r} is empty; give indices such as '0,3,5-7' or 'all'")
+    idx = parse_selection(selection, n)
+    if not idx:
+        raise ValueError(f"case selection {list(selection)!r} selects no case (cases are 0..{n - 1})")
+    dup = sorted({i for i in idx if idx.count(i) > 1})
+    if dup:
+        raise ValueError(f"case selection {selection!r} selects case(s) {dup} more than once")
+
+
+def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
+          cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
+          seed: int = 0, mode: str = "benchmark", hygiene: bool = True,
+          progress: Callable[[CaseResult, int, int], None] | None = None,
+          variant: str | None = None, against: str = "reference", rules: str = "fuseval",
+          predict: bool = True, isolate: bool | None = None, timeout: float | None = None,
+          save_failing: str | None = None, replay: str | None = None) -> CheckReport:
+    """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
+
+    ``config``: "seed" (full size), "small" or another named scaled-down configuration.
+    ``variant``: a named semantic variant of the operator (default: the benchmark's).
+    ``against``: the implementation the outputs are compared with ("reference": the
+    float64 oracle; "sol_reference": the benchmark's reference in its own precision);
+    ``rules``: "fuseval" or "sol" (the benchmark's evaluator). ``predict``: also predict
+    the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
+    has a ``sol_reference`` and the check is not that prediction already.
+    ``isolate`` (default, None: ``isolation.ISOLATE``, True): the implementation runs in a worker process of its own
+    (:mod:`fuseval.isolation`) and is never imported here; False runs it in this process,
+    trusting it. A Python callable that cannot be sent to a worker (defined in
+    ``__main__``, a lambda) runs in this process with an :class:`IsolationWarning`.
+    ``timeout``: seconds each case may spend in the implementation (default
+    ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
+    timed out, the remaining cases are reported as timed out without being run.
+    ``save_failing``: a folder; the inputs of every failing case are saved there
+    (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
+    case's messages name the file. ``replay``: such a file; the check runs that case on
+    exactly those inputs (``seed``, ``cases`` and ``mode`` come from the file).
+    Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
+    t_start = time.perf_counter()
+    if rules not in RULES:
+        raise ValueError(f"rules: expected one of {', '.join(RULES)}, got {rules!r}")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or timeout < 0 or math.isnan(timeout)):
+        raise ValueError(f"timeout: expected a number of seconds >= 0 (0: none), got {timeout!r}")
+    operator = _ops.get(op, config, variant)
+    defn = operator.definition
+    if impl == "reference":
+        raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
+                         "check 'reference_fp32' for the float32 reference, or another implementation")
+    dev = resolve_device(device)
+    replayed = None
+    if replay is not None:
+        replayed, meta = read_replay(replay, defn, dev)
+        cases, seed, mode = [meta["case"]], meta["seed"] - meta["case"], meta.get("mode", mode)
+    validate_selection(cases, len(defn.seed_cases))
+    runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
+    reference = operator.implementation(against)
+    predictor = None
+    if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
+            and (against, rules) != (SOL_REFERENCE, "sol"):
+        predictor = operator.implementation(SOL_REFERENCE)
+    results = []
+    selected = defn.cases(cases)
+    setup = time.perf_counter() - t_start
+    timed_out = None
+    for n, case in enumerate(selected):
+        if timed_out is not None:
+            tol = case.tolerance or defn.tolerance
+            result = CaseResult(case.index, dict(case.axes), [], ["timeout"],
+                                [f"not run: the implementation timed out on case {timed_out} of this run"],
+                                False, 0.0, 0.0, seed + case.index, asdict(tol), timings=dict(Timings()))
+        else:
+            result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
+                              inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout)
+            if "timeout" in result.violations:
+                timed_out = case.index
+            if save_failing and not result.passed and replayed is None:
+                _save_case_inputs(save_failing, defn, case, seed + case.index, mode, dev, impl, result)
+        results.append(result)
+        if progress:
+            progress(result, n + 1, len(selected))
+    return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
+                       asdict(defn.tolerance), results, defn.variant, against, rules, isolated=isolated,
+                       case_config=defn.case_config, setup_seconds=setup,
+                       wall_seconds=time.perf_counter() - t_start)
+
+
+def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,
+                      device: torch.device, impl, result: CaseResult) -> None:
+    """The failing case's inputs (drawn again: the same tensors on the same device) into
+    ``folder``, and a message with the file and the command that replays it."""
+    import os
+    from .inputs import save_inputs
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"{defn.name}-{defn.config}-case{case.index}-seed{case_seed}.pt")
+    inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
+    save_inputs(path, defn, inputs, case=case.index, seed=case_seed, mode=mode, device=str(device),
+                config=defn.config, variant=defn.variant)
+    result.messages.append(f"inputs saved to {path}; replay: fuseval check --op {defn.name} --config "
+                           f"{defn.config} --impl {_ops.impl_label(impl)} --replay {path}")
+
+
+class ReplayFileError(ValueError):
+    """A ``replay`` file that cannot be read or does not fit the check (the CLI's
+    ``--replay`` error)."""
+
+
+def read_replay(path: str, defn: Definition, device: torch.device):
+    """(inputs, meta) of a ``save_failing`` file, on ``device``; a :class:`ReplayFileError`
+    (naming the file) for an unreadable file or one of another operator, configuration or
+    variant."""
+    from .inputs import load_inputs
+    try:
+        inputs, meta = load_inputs(path, defn, device=device)
+    except ValueError as exc:
+        raise ReplayFileError(str(exc)) from exc
+    if not {"case", "seed", "config"} <= set(meta):
+        raise ReplayFileError(f"inputs file {path!r}: no case, seed and config recorded (not written by check's "
+                         "save_failing)")
+    doc_config = meta["config"]
+    if doc_config != defn.config or meta.get("variant", defn.variant) != defn.variant:
+        raise ReplayFileError(f"inputs file {path!r} holds a case of config {doc_config!r}, variant "
+                         f"{meta.get('variant')!r}; this check runs config {defn.config!r}, variant {defn.variant!r}")
+    return inputs, meta
+
+
+def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout: float | None):
+    """(what calls the implementation, whether it is isolated, the timeout in force): a
+    worker of its own, or (``isolate`` False, or a callable a worker cannot import, with an
+    IsolationWarning) this process."""
+    from . import integrity, isolation
+    isolate = isolation.default_isolate(isolate)
+    if isolate:
+        ok, why = isolation.can_isolate(impl)
+        if not ok:
+            warnings.warn(isolation.IsolationWarning(
+                f"implementation {_ops.impl_label(impl)!r} runs in fuseval's own process (trusted): {why}"),
+                stacklevel=3)
+            isolate = False
+    if isolate:
+        worker = isolation.worker_for(impl, operator.definition, str(device))
+        return worker, True, isolation.DEFAULT_TIMEOUT if timeout is None else timeout
+    baseline = integrity.snapshot()       # before the implementation is imported
+    return Local(operator.implementation(impl), device, baseline=baseline), False, timeout

@@ -1,0 +1,63 @@
+"""Check an implementation against the float64 oracle on every benchmark case.
+
+Prints a per-case table (max abs error, matched ratio under the tolerance rule, verdict)
+and exits 0 only when every case passes; see fuseval.errors for the other exit codes."""
+from __future__ import annotations
+
+import sys
+
+from . import add_common_arguments
+
+
+def add_arguments(p) -> None:
+    add_common_arguments(p)
+    p.add_argument("--json", metavar="PATH", help="also write the full report as JSON")
+    p.add_argument("--no-hygiene", action="store_true",
+                   help="skip the mutation / aliasing / caching checks (one impl call per case)")
+    p.add_argument("--against", default="reference",
+                   help="what the outputs are compared with: 'reference' (the float64 oracle, default) or "
+                        "'sol_reference' (the benchmark's reference in its own precision)")
+    p.add_argument("--rules", default="fuseval", choices=["fuseval", "sol"],
+                   help="fuseval's rules (default) or the benchmark evaluator's ('sol': float32 comparison, "
+                        "any NaN/Inf on either side fails)")
+    p.add_argument("--save-failing", metavar="DIR",
+                   help="save the inputs of every failing case into DIR (one file per case; the message names "
+                        "the file and the command that replays it)")
+    p.add_argument("--replay", metavar="FILE",
+                   help="run the check on the inputs of a --save-failing file (its case, seed and mode)")
+    p.add_argument("--no-predict", action="store_true",
+                   help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
+
+
+def run(args) -> int:
+    from ..check import ReplayFileError, check
+    from ..errors import UsageError, exit_code_for
+    from ..jsonio import dumps
+    from ..report import case_progress, print_check_report
+    from . import operator_definition, writable_file
+
+    operator_definition(args.op, args.config, args.cases)
+    if args.impl == "reference":
+        raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
+                         "check 'reference_fp32' for the float32 reference, or another implementation")
+    writable_file(args.json, "--json")
+    if args.save_failing:
+        from . import writable_folder
+        writable_folder(args.save_failing, "--save-failing")
+    try:
+        report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
+                       seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
+                       progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
+                       predict=not args.no_predict, isolate=False if args.in_process else None,
+                       timeout=args.timeout, save_failing=args.save_failing, replay=args.replay)
+    except ReplayFileError as exc:         # read once, by the check itself
+        raise UsageError(f"--replay: {exc}") from None
+    print_check_report(report)
+    if not report.isolated:
+        print("note: the implementation ran in fuseval's own process (--in-process): the verdict trusts it",
+              file=sys.stderr)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(dumps(report.to_dict(), indent=1) + "\n")
+    violations = [v for c in report.cases for v in c.violations]
+    return exit_code_for(violations)

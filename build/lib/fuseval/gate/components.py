@@ -1,0 +1,297 @@
+"""The gate's three components, each calling its part of fuseval directly and turning its
+report into a :class:`~fuseval.gate.results.ComponentResult`:
+
+``check``       :func:`fuseval.stats.check_over_seeds` (the check over several seeds);
+``properties``  :func:`fuseval.properties.check_implementation`;
+``budget``      :func:`fuseval.budget.run_budget`.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from ..errors import EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK, exit_code_for
+from .inputs import GateContext
+from .results import ComponentResult, TestResult
+
+
+def _write_json(path: str, doc: Any) -> None:
+    from ..jsonio import dumps
+    with open(path, "w") as f:
+        f.write(dumps(doc, indent=1) + "\n")
+
+
+# --------------------------------------------------------------------------- check
+def _case_tests(ctx: GateContext, stats: Any) -> list[TestResult]:
+    """One test per case, failing when any seed failed it, with the command that reruns it."""
+    from ..definitions import axes_label
+    by_case: dict[int, list] = {}
+    for rep in stats.reports:
+        for c in rep.cases:
+            by_case.setdefault(c.case, []).append((rep.seed, c))
+    tests = []
+    for case, runs in sorted(by_case.items()):
+        name = f"case {case} ({axes_label(runs[0][1].axes)})"
+        failed = [(s, c) for s, c in runs if not c.passed]
+        seconds = sum(sum(c.timings.values()) for _, c in runs)
+        if not failed:
+            tests.append(TestResult(name, "pass", seconds))
+            continue
+        msg = "; ".join(f"seed {s}: {','.join(c.violations)}" for s, c in failed)
+        details = "\n".join(f"seed {s}: {m}" for s, c in failed for m in c.messages)
+        details += (f"\nreproduce: fuseval check --op {ctx.op} --impl {ctx.impl_label} "
+                    f"--config {ctx.config} --cases {case} --device {ctx.device} "
+                    f"--seed {failed[0][0]} --mode {ctx.mode}")
+        tests.append(TestResult(name, "fail", seconds, msg, details))
+    return tests
+
+
+def _margin_tests(ctx: GateContext, stats: Any) -> list[TestResult]:
+    tests = []
+    for m in stats.metrics:
+        if m.threshold is None:
+            continue
+        name = f"margin {m.output} {m.metric}"
+        if m.verdict == "fail" or (m.verdict == "warn" and ctx.strict):
+            tests.append(TestResult(name, "fail", 0.0, m.describe(), m.describe()))
+        else:
+            tests.append(TestResult(name, "pass", 0.0, output=("WARNING: " if m.verdict == "warn" else "")
+                                    + m.describe()))
+    return tests
+
+
+def _blind_findings(stats: Any) -> list[str]:
+    """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS."""
+    from ..report import fmt_number
+    seen: dict[tuple[int, str], list[int]] = {}
+    records = {}
+    for b in stats.blind:
+        seen.setdefault((b["case"], b["output"]), []).append(b["seed"])
+        records.setdefault((b["case"], b["output"]), b)
+    return [f"blind_tolerance: {output} on case {case} (seed {', '.join(map(str, seeds))}): atol "
+            f"{fmt_number(records[case, output]['atol'], 2, 'g')} >= 10% of its RMS "
+            f"{fmt_number(records[case, output]['rms'], 2, 'g')}: an error that size passes every element"
+            for (case, output), seeds in seen.items()]
+
+
+def check_component(ctx: GateContext) -> ComponentResult:
+    from ..report import case_verdict
+    from ..stats import check_over_seeds
+
+    def progress(seed, result, done, total):
+        ctx.progress(f"{ctx.op} check seed {seed} [{done}/{total}] case {result.case}: {case_verdict(result)} "
+                     f"({result.impl_seconds:.2f}s)")
+
+    stats = check_over_seeds(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device,
+                             seeds=ctx.seeds, mode=ctx.mode, hygiene=ctx.profile.hygiene,
+                             warn_margin=ctx.warn_margin, extra_seed_cases=ctx.extra_seed_cases,
+                             progress=progress, isolate=ctx.isolate, timeout=ctx.timeout)
+    blind = _blind_findings(stats)
+    violations = stats.violations + (["blind_tolerance"] if blind else [])
+    status = stats.verdict
+    if status == "fail" or blind or (status == "warn" and ctx.strict):
+        status = "fail"
+    exit_code = EXIT_OK if status != "fail" else (exit_code_for(violations) if violations else EXIT_CHECK_FAILED)
+    tests = _case_tests(ctx, stats) + _margin_tests(ctx, stats)
+    if blind:
+        tests.append(TestResult("blind tolerance", "fail", 0.0, blind[0], "\n".join(blind)))
+    quiet = tuple(f"{m.output} {m.metric}" for m in stats.metrics if m.verdict == "pass" or m.threshold is None)
+    messages = blind + [ln for ln in stats.lines() if not ln.startswith(quiet)]
+    summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "")
+    files = {}
+    if ctx.out:
+        path = os.path.join(ctx.out, f"check-{ctx.op}.json")
+        _write_json(path, {**stats.to_dict(), "reports": [r.to_dict() for r in stats.reports]})
+        files["check_json"] = path
+    from ..jsonio import jsonable
+    data = jsonable({**stats.to_dict(), "violations": violations, "case_timings": stats.case_timings()})
+    return ComponentResult(ctx.op, "check", status, summary, exit_code=exit_code, messages=messages,
+                           tests=tests, files=files, data=data, timings=stats.timings, result=stats)
+
+
+# --------------------------------------------------------------------------- properties
+class _Labelled:
+    """The isolated implementation under the implementation's own label, so the property
+    suite's reproduction commands name what the user gave (``--impl torch``)."""
+
+    def __init__(self, fn: Callable, label: str, mutant_name: str | None):
+        self._fn = fn
+        self.__module__, _, self.__qualname__ = (label.partition(":") if ":" in label else ("", "", label))
+        self.mutant_name = mutant_name
+        if hasattr(fn, "staged"):        # IsolatedImpl has it exactly when the worker's implementation has taps
+            self.staged = fn.staged
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+
+def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
+    """What a component that calls the implementation like a function gets: a proxy to its
+    worker process (isolated), or the implementation itself."""
+    from ..isolation import IsolatedImpl, isolates
+    if not isolates(ctx.impl, ctx.isolate):
+        return ctx.impl
+    from ..ops import get
+    proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)
+    # a mutant of fuseval.properties.mutants is labelled by its name in the property reports
+    mutant_name = getattr(ctx.impl, "mutant_name", None)
+    return _Labelled(proxy, ctx.impl_label, mutant_name)
+
+
+def properties_component(ctx: GateContext) -> ComponentResult:
+    from ..jsonio import jsonable
+    from ..properties import check_implementation
+    report = check_implementation(ctx.op, implementation_for(ctx, ctx.config), profile=ctx.profile.properties,
+                                  device=ctx.device)
+    messages = [str(f) for f in report.failures]
+    tests: list[TestResult] = []
+    for name in report.properties:
+        mine = [t for f, t in zip(report.failures, messages) if f.property == name]
+        tests.append(TestResult(name, "fail", 0.0, mine[0].splitlines()[0], "\n\n".join(mine)) if mine
+                     else TestResult(name, "pass"))
+    # a failure can name a violation (raised, nonfinite...) instead of one of the properties
+    for f, t in zip(report.failures, messages):
+        if f.property not in report.properties:
+            tests.append(TestResult(f.property, "fail", 0.0, t.splitlines()[0], t))
+    summary = (f"{', '.join(report.properties)}: "
+               + ("held" if report.passed else f"{len(report.failures)} falsified")
+               + f" over {report.examples_run} examples")
+    if messages:
+        summary += f"; first: {messages[0].splitlines()[0][:160]}"
+    data = jsonable(report.to_dict())
+    files = {}
+    if ctx.out:
+        files["properties_json"] = os.path.join(ctx.out, f"properties-{ctx.op}.json")
+        _write_json(files["properties_json"], data)
+    return ComponentResult(ctx.op, "properties", "pass" if report.passed else "fail", summary,
+                           exit_code=EXIT_OK if report.passed else EXIT_CHECK_FAILED, messages=messages,
+                           tests=tests, files=files, data=data, result=report)
+
+
+# --------------------------------------------------------------------------- budget
+def _budget_findings(report: Any, limit: int = 12) -> list[str]:
+    """One line per case over budget: where, which allowance, value against limit."""
+    from ..definitions import axes_label
+    from ..report import fmt_number
+    lines: list[str] = []
+    for c in report.cases:
+        if c.passed:
+            continue
+        where = c.first_over_budget
+        stage = next((s for s in c.stages if s.stage == where), None)
+        checks = stage.checks if stage is not None else c.end_to_end.checks
+        bad = [ch for ch in checks if not ch["passed"]]
+        detail = ""
+        if bad:
+            ch = bad[0]
+            detail = (f": {ch['allowance']} ({ch['applies_to']}) value {fmt_number(ch['value'], 2, 'g')} "
+                      f"> limit {fmt_number(ch['limit'], 2, 'g')}")
+        notes = (stage.messages if stage is not None else []) + c.messages
+        verdict = "raised" if c.raised else f"{where or 'end_to_end'} over budget{detail}"
+        lines.append(f"case {c.case} ({axes_label(c.axes)}): {verdict}" + (f"; {notes[0]}" if notes else ""))
+        if len(lines) >= limit:
+            break
+    return lines
+
+
+def _stage_tests(report: Any) -> list[TestResult]:
+    """One test per stage (and end to end), failing with the cases where it is over budget."""
+    tests = []
+    for stage in list(report.stages) + ["end_to_end"]:
+        if stage == "end_to_end":
+            over = [c for c in report.cases if not c.end_to_end.passed]
+        else:
+            over = [c for c in report.cases if any(s.stage == stage and s.passed is False for s in c.stages)]
+        if over:
+            text = "; ".join(f"case {c.case}" + (f": {c.messages[0]}" if c.messages else "") for c in over[:3])
+            tests.append(TestResult(f"stage {stage}", "fail", 0.0, f"{len(over)} case(s) over budget", text))
+        else:
+            tests.append(TestResult(f"stage {stage}", "pass"))
+    return tests
+
+
+def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
+    """Whether this run's check component applies the hygiene rules to every budget case
+    with the budget's configuration, seed and inputs (its first seed, when the profile
+    applies them there)."""
+    if not ctx.check_runs or ctx.profile.hygiene not in (True, "first"):
+        return False
+    if ctx.budget_config != ctx.config:
+        return False
+    from ..definitions import load, parse_selection
+    n = len(load(ctx.op, ctx.config).seed_cases)
+    return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
+
+
+def budget_component(ctx: GateContext) -> ComponentResult:
+    from ..budget import run_budget
+    from ..stats import seed_values
+
+    def progress(result, done, total):
+        verdict = "ok" if result.passed else f"over budget ({result.first_over_budget or 'see the report'})"
+        ctx.progress(f"{ctx.op} budget [{done}/{total}] case {result.case}: {verdict}")
+
+    # the budget runs once, on the first seed of the check; where this run's check makes the
+    # partial-cache calls on the same cases, seed and inputs, the budget does not repeat them
+    repeated = _check_covers_budget_hygiene(ctx)
+    report = run_budget(ctx.op, ctx.impl, config=ctx.budget_config, cases=ctx.budget_cases, device=ctx.device,
+                        seed=seed_values(ctx.seeds)[0], mode=ctx.mode, budget=ctx.budget, progress=progress,
+                        isolate=ctx.isolate, timeout=ctx.timeout, hygiene=not repeated)
+    within = sum(c.passed for c in report.cases)
+    summary = f"{within}/{len(report.cases)} cases within budget"
+    messages: list[str] = []
+    if not report.passed:
+        summary += f"; first over budget: {report.first_over_budget or 'see the report'}"
+        messages = [f"first stage over budget: {report.first_over_budget}"] + _budget_findings(report)
+    files = {}
+    if ctx.out:
+        base = os.path.join(ctx.out, f"budget-{ctx.op}")
+        files = {"budget_json": report.save_json(base + ".json"), "budget_markdown": report.save_markdown(base + ".md"),
+                 "budget_html": report.save_html(base + ".html")}
+    timings: dict[str, float] = {}
+    for c in report.cases:
+        for k, v in c.seconds.items():
+            timings[k] = timings.get(k, 0.0) + v
+    code = EXIT_OK if report.passed else EXIT_IMPL_RAISED if any(c.raised for c in report.cases) else EXIT_CHECK_FAILED
+    data = report.to_dict()
+    if repeated:
+        data["hygiene_left_to_check"] = {"seed": seed_values(ctx.seeds)[0], "cases": [c.case for c in report.cases]}
+    return ComponentResult(ctx.op, "budget", "pass" if report.passed else "fail", summary, exit_code=code,
+                           messages=messages, tests=_stage_tests(report), files=files, data=data,
+                           timings=timings, result=report)
+
+
+# the check's violations that the budget's own partial-cache calls would have found
+_PARTIAL_CALL_VIOLATIONS = ("cached_result", "timeout", "exited", "crashed", "raised", "out_of_memory")
+
+
+def join_budget_hygiene(results: list[ComponentResult]) -> None:
+    """A budget that left its partial-cache calls to the check of the same run takes the
+    check's findings on its cases: where the check found a cached result (or a later call
+    that ended without outputs) on a budget case of the same seed, the budget's figures
+    were measured on an implementation that fails those rules, so the budget fails too,
+    as it would have failed by its own calls. Applied once every component has run (in
+    any order, serial or side by side)."""
+    from ..errors import exit_code_for
+    checks = {r.op: r for r in results if r.name == "check"}
+    for r in results:
+        left = r.data.get("hygiene_left_to_check") if r.name == "budget" else None
+        check = checks.get(r.op)
+        if not left or check is None:
+            continue
+        found = [f for f in check.data.get("failures", []) if f.get("seed") == left["seed"]
+                 and f.get("case") in left["cases"] and set(f.get("violations", ())) & set(_PARTIAL_CALL_VIOLATIONS)]
+        if not found:
+            continue
+        violations = sorted({v for f in found for v in f["violations"] if v in _PARTIAL_CALL_VIOLATIONS})
+        why = (f"the check of this run found {', '.join(violations)} on budget case(s) "
+               f"{', '.join(str(f['case']) for f in found)} (seed {left['seed']}): the budget's figures "
+               "describe an implementation that fails the hygiene rules")
+        r.status, r.exit_code = "fail", exit_code_for(violations)
+        r.summary = f"{r.summary}; {why}"
+        r.messages.insert(0, why)
+        r.tests.append(TestResult("hygiene (from the check)", "fail", 0.0, why, why))
+
+
+RUNNERS: dict[str, Callable[[GateContext], ComponentResult]] = {
+    "check": check_component, "properties": properties_component, "budget": budget_component}

@@ -1,0 +1,249 @@
+"""The gate's input: profiles, and everything a run needs resolved and validated before
+any work (operators, device, configurations, case selections, seeds, the budget file, the
+implementation). A mistake in any of them is a :class:`~fuseval.errors.FusevalError`
+with its exit code, raised here, before a component runs."""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import (EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError,
+                      UsageError, user_input)
+
+COMPONENTS = ("check", "properties", "budget")
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How much work a gate run does. Case lists given here are indices an operator may
+    not all have (a small operator has fewer cases): each operator runs those it has."""
+    name: str
+    config: str                 # configuration of the check
+    device: str
+    seeds: int                  # seeds of the statistical check
+    cases: tuple[int, ...] | None           # cases of the check (None: all)
+    properties: str             # profile name handed to fuseval.properties
+    budget_config: str
+    budget_cases: tuple[int, ...] | None    # cases of the budget (None: all)
+    extra_seed_cases: tuple[int, ...] | None = None   # cases of the seeds after the first (None: the same)
+    hygiene: str | bool = "first"
+
+
+PROFILES: dict[str, Profile] = {
+    # ci: every case on the first seed; the two more seeds repeat cases 0-11 (the slow
+    # long sequences 12-15 run once); the budget on four cases of increasing size
+    "ci": Profile("ci", config="small", device="cpu", seeds=3, cases=None, properties="ci",
+                  budget_config="small", budget_cases=(0, 5, 10, 13), extra_seed_cases=tuple(range(12))),
+    "thorough": Profile("thorough", config="small", device="cpu", seeds=5, cases=None,
+                        properties="thorough", budget_config="small", budget_cases=None),
+    "gpu": Profile("gpu", config="seed", device="cuda", seeds=3, cases=None, properties="gpu",
+                   budget_config="seed", budget_cases=None),
+}
+
+
+@dataclass
+class GateContext:
+    """One operator's share of a gate run, every field resolved and validated."""
+    op: str
+    impl: str | Callable
+    impl_label: str
+    profile: Profile
+    device: str
+    config: str | Mapping[str, int]
+    cases: str | list[int] | None
+    seeds: int | list[int]
+    mode: str
+    warn_margin: float
+    strict: bool
+    budget_config: str | Mapping[str, int]
+    budget_cases: str | list[int] | None
+    budget: Any                 # a loaded fuseval.budget.Budget, or None: the operator's own
+    out: str | None
+    progress: Callable[[str], None]
+    extra_seed_cases: list[int] | None = None
+    isolate: bool = True
+    timeout: float | None = None
+    not_run: dict[str, str] | None = None     # component -> why it is not run for this operator
+    check_runs: bool = False    # the check component runs in the same gate
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The options of a run that do not depend on the operator, validated."""
+    profile: Profile
+    device: str
+    config: str | Mapping[str, int] | None
+    cases: str | Sequence[int] | None
+    seeds: int | list[int]
+    mode: str
+    warn_margin: float
+    strict: bool
+    budget_config: str | Mapping[str, int] | None
+    budget_cases: str | Sequence[int] | None
+    budget_from_profile: bool
+    budget: Any
+    out: str | None
+    progress: Callable[[str], None]
+    isolate: bool
+    timeout: float | None
+    components: tuple[str, ...] = COMPONENTS    # the components this run makes
+
+
+def profile_of(profile: str | Profile) -> Profile:
+    if isinstance(profile, Profile):
+        return profile
+    if profile not in PROFILES:
+        raise UsageError(f"profile: unknown gate profile {profile!r}; expected one of {', '.join(PROFILES)}")
+    return PROFILES[profile]
+
+
+def resolve_ops(op: str | Sequence[str]) -> list[str]:
+    """Operator names from "all", one name, a comma list or a list; an unknown name is an
+    :class:`~fuseval.errors.UnknownOperatorError` naming the known ones."""
+    from .. import operators
+    known = operators.names()
+    if isinstance(op, str):
+        names = known if op == "all" else [p.strip() for p in op.split(",") if p.strip()]
+    else:
+        names = list(op)
+    if not names:
+        raise UnknownOperatorError(f"no operator given; known operators: {', '.join(known)} (or 'all')")
+    for name in names:
+        operators.spec(name)            # UnknownOperatorError names the known operators
+    return names
+
+
+def device_name(value: str) -> str:
+    """'cpu', 'cuda' or 'cuda:N'; anything else (tpu, meta, a typo) is a usage error."""
+    text = str(value).strip()
+    if not _DEVICE.fullmatch(text):
+        raise UsageError(f"device: expected cpu, cuda or cuda:N, got {value!r}")
+    return text
+
+
+def resolve_device(device: str) -> str:
+    """The device after the check's resolution; no CUDA device is the gate's own error."""
+    import torch
+    from ..check import resolve_device as check_device
+    try:
+        resolved = check_device(device_name(device))
+    except NoDeviceError:
+        raise NoDeviceError(f"device {device!r} was requested but torch {torch.__version__} sees no CUDA "
+                            "device; use --device cpu or a CPU profile (ci, thorough)", EXIT_NO_DEVICE) from None
+    if resolved.type == "cuda" and resolved.index is not None and resolved.index >= torch.cuda.device_count():
+        raise NoDeviceError(f"device {device!r}: torch sees {torch.cuda.device_count()} CUDA device(s) "
+                            f"(cuda:0..cuda:{torch.cuda.device_count() - 1})")
+    return str(resolved)
+
+
+def _seeds(seeds: Any) -> int | list[int]:
+    if isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
+        raise UsageError(f"seeds: expected a number of seeds >= 1 or a non-empty list of seeds, got {seeds!r}")
+    if isinstance(seeds, int):
+        if seeds < 1:
+            raise UsageError(f"seeds: expected a number of seeds >= 1 (or a non-empty list), got {seeds!r}")
+        return seeds
+    values = list(seeds)
+    if not values or not all(isinstance(s, int) and not isinstance(s, bool) for s in values):
+        raise UsageError(f"seeds: expected a number of seeds >= 1 (or a non-empty list of ints), got {seeds!r}")
+    return values
+
+
+def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict, budget_config,
+             budget_cases, budget, out, progress, isolate, timeout,
+             components: Sequence[str] = COMPONENTS) -> Settings:
+    """Validate the options that do not depend on the operator."""
+    from ..isolation import default_isolate
+    from ..stats import DEFAULT_WARN_MARGIN
+    prof = profile_of(profile)
+    dev = resolve_device(device or prof.device)
+    if mode not in ("benchmark", "realistic"):
+        raise UsageError(f"mode: expected 'benchmark' or 'realistic', got {mode!r}")
+    margin = DEFAULT_WARN_MARGIN if warn_margin is None else warn_margin
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 1.0:
+        raise UsageError(f"warn_margin: expected a fraction in [0, 1], got {warn_margin!r}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or timeout < 0 or math.isnan(timeout)):
+        raise UsageError(f"timeout: expected a number of seconds >= 0, got {timeout!r}")
+    return Settings(prof, dev, config, cases, prof.seeds if seeds is None else _seeds(seeds), mode,
+                    float(margin), bool(strict), budget_config, budget_cases, budget_cases == "profile",
+                    budget, out, progress or (lambda message: None), default_isolate(isolate), timeout,
+                    tuple(components))
+
+
+def _selection(given: Any, n: int, what: str) -> Any:
+    """A case selection the user gave, checked against the operator's ``n`` cases."""
+    from ..check import validate_selection
+    with user_input(what):
+        validate_selection(given, n)
+    return given
+
+
+def _profile_cases(cases: tuple[int, ...] | None, n: int) -> list[int] | None:
+    return None if cases is None else [i for i in cases if i < n]
+
+
+def _budget_for(op: str, s: Settings, defn: Any) -> tuple[Any, str | None]:
+    """(the budget to hand to run_budget, why the budget is not run for ``op`` or None)."""
+    from .. import operators
+    if s.budget is None:
+        return None, (None if operators.spec(op).budget_path() else "the operator ships no budget file")
+    from ..budget import load_budget
+    try:
+        return load_budget(s.budget, defn), None
+    except (ValueError, OSError) as exc:
+        raise BadFileError(f"{op}: budget {s.budget!r} is malformed or does not apply: {exc}") from exc
+
+
+def context(op: str, impl: str | Callable, s: Settings) -> GateContext:
+    """The context of ``op``: its configurations, case selections and budget validated,
+    and the implementation loaded (in its worker when isolated), so that a mistake in any
+    of them is found before the run."""
+    from ..definitions import load
+    from ..ops import impl_label
+    config = s.config or s.profile.config
+    budget_config = s.budget_config or s.config or s.profile.budget_config
+    with user_input("config"):
+        defn = load(op, config)
+    with user_input("budget config"):
+        budget_defn = load(op, budget_config)
+    n = len(defn.seed_cases)
+    if s.cases is not None:
+        cases, extra = _selection(s.cases, n, "cases"), None       # explicit cases apply to every seed
+    else:
+        cases, extra = _profile_cases(s.profile.cases, n), _profile_cases(s.profile.extra_seed_cases, n)
+    if s.budget_from_profile:
+        budget_cases = _profile_cases(s.profile.budget_cases, len(budget_defn.seed_cases))
+    else:
+        budget_cases = None if s.budget_cases in (None, "all") else \
+            _selection(s.budget_cases, len(budget_defn.seed_cases), "budget cases")
+    budget, no_budget = _budget_for(op, s, budget_defn)
+    load_implementation(defn, impl, s.device, s.isolate)
+    if s.out:
+        os.makedirs(s.out, exist_ok=True)
+    return GateContext(op=op, impl=impl, impl_label=impl_label(impl), profile=s.profile, device=s.device,
+                       config=config, cases=cases, seeds=s.seeds, mode=s.mode, warn_margin=s.warn_margin,
+                       strict=s.strict, budget_config=budget_config, budget_cases=budget_cases, budget=budget,
+                       out=s.out, progress=s.progress, extra_seed_cases=extra, isolate=s.isolate,
+                       timeout=s.timeout, not_run={"budget": no_budget} if no_budget else {},
+                       check_runs="check" in s.components)
+
+
+def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: bool) -> None:
+    """Fail early when the implementation does not import (ImplementationError, exit 4):
+    isolated, by starting its worker (which imports it there and then serves the run),
+    otherwise here."""
+    from ..isolation import isolates, worker_for
+    from ..ops import resolve_impl
+    try:
+        if isolates(impl, isolate):
+            worker_for(impl, defn, device)
+        else:
+            resolve_impl(defn, impl)
+    except ImplementationError as exc:
+        message = str(exc)
+        raise ImplementationError(message if message.startswith(defn.name) else f"{defn.name}: {message}") from exc

@@ -1,0 +1,134 @@
+"""The property engine's facts about an imported problem: its :class:`PropertyHooks`.
+
+Everything here is read off the problem folder, never off the problem's name:
+
+* **var axes from the workloads** (:func:`var_spaces`): in each axis space of the
+  profiles, each var axis is drawn between the smallest and the largest value the
+  space's workloads bind it to, or one of the workloads' exact bindings; draws that break
+  the definition's constraints are rejected (and a space where nothing can satisfy them is
+  an error naming the constraints, :func:`fuseval.properties.strategies.check_satisfiable`).
+  The ``full`` space (the ``gpu`` profile) takes every supported workload. The scaled-down
+  spaces take the workloads whose tensor inputs hold at most ``SPACE_SCALE[space]`` times
+  the elements of the smallest workload (at least ``SPACE_FLOOR[space]``), and reject draws
+  larger than that: a CPU profile stays within a few times the smallest workload.
+* **input modes**: the benchmark recipe (the workload's own descriptors) and the
+  adversarial recipes; no "realistic" mode (a problem folder says nothing about real
+  models' inputs).
+* **adversarial features** that its inputs allow: row magnitudes and zero rows of its
+  first floating-point activation (the first float tensor input whose shape names a var
+  axis), a drawn eps (a scalar float input named ``eps`` or ``*_eps``), arbitrary rotary
+  tables (inputs the benchmark draws as cos/sin), norm weights away from 1 (inputs the
+  benchmark draws as ones). No non-contiguous views: the evaluator passes contiguous
+  tensors and solutions may rely on it.
+* **tolerance**: every example is judged under the tolerance of the workload nearest its
+  binding (``case_tolerance``).
+* **batch independence**, per var axis that leads every float input it appears in and
+  every output, checked only where the lifted oracle itself has it on the example's
+  inputs: the engine cannot know whether a problem reduces over a batch-like axis, but
+  its oracle can show it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from ..properties.hooks import PropertyHooks, VarSpace
+from . import inputs as problem_inputs
+from .report import workload_size
+from .sol_problem import Problem
+
+__all__ = ["problem_hooks", "var_spaces", "SPACE_SCALE", "SPACE_FLOOR"]
+
+# scaled-down spaces: workloads (and draws) up to this many times the smallest workload's
+# input elements, and never fewer than the floor
+SPACE_SCALE = {"small": 4, "medium": 16}
+SPACE_FLOOR = {"small": 1 << 14, "medium": 1 << 18}
+_FLOATS = ("float64", "float32", "float16", "bfloat16")
+_ROTARY = ("cos", "cos_cached", "rope_cos", "sin", "sin_cached", "rope_sin")
+
+
+def _space(problem: Problem, workloads: list, limit: int | None) -> VarSpace:
+    axes = problem.var_axes
+    ranges = {a: (min(w.axes[a] for w in workloads), max(w.axes[a] for w in workloads)) for a in axes}
+    # exact bindings, smallest first (the explicit examples take the first two), no repeats
+    seen, bindings = set(), []
+    for w in sorted(workloads, key=lambda w: (workload_size(problem, w), w.line)):
+        key = tuple(w.axes[a] for a in axes)
+        if key not in seen:
+            seen.add(key)
+            bindings.append(dict(w.axes))
+    return VarSpace(ranges, tuple(bindings), limit)
+
+
+def var_spaces(problem: Problem) -> dict[str, VarSpace]:
+    """The var-axis space of each profile space, from the problem's supported workloads."""
+    pool = problem.supported_workloads
+    sizes = {w.line: workload_size(problem, w) for w in pool}
+    smallest = min(sizes.values())
+    out = {"full": _space(problem, pool, None)}
+    for name, scale in SPACE_SCALE.items():
+        limit = max(scale * smallest, SPACE_FLOOR[name])
+        chosen = [w for w in pool if sizes[w.line] <= limit] or [min(pool, key=lambda w: sizes[w.line])]
+        out[name] = _space(problem, chosen, max(limit, max(sizes[w.line] for w in chosen)))
+    return out
+
+
+def _var_axis_names(problem: Problem, shape: list[str] | None) -> set[str]:
+    """The var axes a shape names (directly: expression axes are not followed)."""
+    return {d for d in shape or () if d in problem.var_axes}
+
+
+def _activation(problem: Problem) -> str | None:
+    for name, t in problem.inputs.items():
+        if t["dtype"] in _FLOATS and t["shape"] and _var_axis_names(problem, t["shape"]):
+            return name
+    return None
+
+
+def _leading_axes(problem: Problem) -> list[str]:
+    """Var axes that are dim 0 of every input that has them and of every output."""
+    out = []
+    for axis in problem.var_axes:
+        holders = [t for t in problem.inputs.values() if t["shape"] and axis in t["shape"]]
+        if holders and all(t["shape"][0] == axis for t in holders) and \
+                all(t["shape"] and t["shape"][0] == axis for t in problem.outputs.values()):
+            out.append(axis)
+    return out
+
+
+def _batch_invariant(axis: str) -> Callable:
+    """A metamorphic check: items along ``axis`` are independent, where the oracle's are."""
+    def check(example, inputs, impl, defn) -> tuple[str, Callable[[], Any]] | None:
+        from ..properties import invariants as inv
+        if example.binding.axes.get(axis, 1) <= 1:
+            return None
+        tol = defn.nearest_case(example.binding.axes).tolerance
+        try:
+            inv.batch_independence(defn.name, inputs, impl=None, tolerance=tol, batch_axis=axis)
+        except inv.InvariantViolation:
+            return None          # the oracle itself is not independent along this axis
+        return (f"items along {axis} independent",
+                lambda: inv.batch_independence(defn.name, inputs, impl=impl, tolerance=tol, batch_axis=axis))
+    check.__name__ = f"independent_along_{axis}"
+    return check
+
+
+def problem_hooks(problem: Problem) -> PropertyHooks:
+    """The :class:`PropertyHooks` of an imported problem (the module docstring)."""
+    eps = [n for n, t in problem.inputs.items()
+           if t["shape"] is None and t["dtype"] in _FLOATS and (n == "eps" or n.endswith("_eps"))]
+    norm_weights = tuple(n for n, t in problem.inputs.items()
+                         if t["shape"] and t["dtype"] in _FLOATS and problem_inputs._is_norm_param(n, "_weight"))
+    rotary = tuple(n for n, t in problem.inputs.items() if n in _ROTARY and t["shape"] and t["dtype"] in _FLOATS)
+    return PropertyHooks(
+        batch_axis="",                                  # batch independence: the invariants below
+        var_space=var_spaces(problem),
+        input_modes=("benchmark", "adversarial"),
+        activation_input=_activation(problem),
+        eps_input=eps[0] if eps else None,
+        rotary_inputs=rotary if len(rotary) >= 2 else (),
+        norm_weight_inputs=norm_weights,
+        noncontiguous=False,
+        case_tolerance=True,
+        invariants=tuple(_batch_invariant(a) for a in _leading_axes(problem)),
+    )
+

@@ -1,0 +1,208 @@
+"""Operators as plug-ins: one package per operator, registered through an :class:`OperatorSpec`.
+
+An operator package (``fuseval/operators/<name>/``, or any importable package named by
+the ``fuseval.operators`` entry-point group) holds everything specific to its operator:
+
+* ``definition.json``: the operator as data (axes, inputs, outputs, stages, tolerance,
+  cases, configurations, variants and the implementation table);
+* ``budget.json``: its per-stage error budget;
+* the float64 oracle and its torch baselines (``reference.py`` by convention), with
+  optional input hooks (``benchmark_inputs`` / ``realistic_inputs``) and a cost model;
+* its Triton fast path (``fast.py``), its property hooks and its mutant catalogue.
+
+The package's ``__init__`` defines ``SPEC = OperatorSpec(...)``. Every reference in a spec
+or a definition to code of the operator is a string ``".module:attr"`` (relative to the
+package) or ``"package.module:attr"``, resolved on first use, so listing operators
+imports neither Triton nor the oracles. The harness (check, gate, stats, baseline, bench,
+budget, properties, CLI) reads operators only through this module.
+
+Operators come from three places: the subpackages of this package, the entry points of
+the ``fuseval.operators`` group (other distributions), and SOL-ExecBench problem folders
+(:func:`register_problem`, or the folders listed in ``FUSEVAL_PROBLEM_PATH``; the variable
+is how a spawned worker process sees the same problems as its parent).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import pkgutil
+from dataclasses import dataclass
+from importlib import metadata, resources
+from typing import Any, Callable, Mapping
+
+from ..errors import UnknownOperatorError
+
+__all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
+           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV"]
+
+ENTRY_POINT_GROUP = "fuseval.operators"
+PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
+
+
+@dataclass(frozen=True)
+class OperatorSpec:
+    """What the harness knows about one operator. ``package`` is the operator's package;
+    the other strings are files in it or ``".module:attr"`` references (None: not provided).
+
+    * ``inputs``: {mode: hook} for the input modes the operator draws itself
+      (``benchmark``, ``realistic``); a hook is ``hook(defn, axes, seed, device=) -> {name: value}``.
+      Modes without a hook use the generic rules of :mod:`fuseval.inputs`.
+    * ``cost_model``: ``cost_model(axes) -> {"flops", "bytes", "matmul_dtype", ...}`` for the bench floor
+      (an optional ``"floors_also_at": [dtype, ...]`` makes the bench report the floor at those
+      matmul rates too).
+    * ``bench_impls`` / ``bench_fast``: what ``fuseval bench`` times by default, and which of
+      them is the operator's own fast path (``bench_fast`` None: none).
+    * ``properties``: a module with the operator's property hooks (see :mod:`fuseval.properties`).
+    * ``mutants``: ``"module:attr"`` of the operator's mutant catalogue (a callable giving the
+      list of :class:`fuseval.properties.mutants.Mutant`).
+    * ``fast_options``: ``"module:attr"`` of a callable giving the fast path's options in force
+      (tile tables, precision policy) as a JSON-able dict, which ``fuseval bench`` records.
+    * ``fast_parts``: ``"module:attr"`` of ``parts(*inputs) -> {name: Part}``
+      (:class:`fuseval.bench.Part`): the fast path's pieces of work on these inputs (its
+      launches, run as the production call runs them), which ``fuseval bench`` times apart,
+      each against its own floor.
+    """
+    name: str
+    package: str
+    definition: str = "definition.json"
+    budget: str | None = "budget.json"
+    inputs: Mapping[str, str] | None = None
+    cost_model: str | None = None
+    bench_impls: tuple[str, ...] | None = None
+    bench_fast: str | None = "fast"
+    properties: str | None = None
+    mutants: str | None = None
+    fast_options: str | None = None
+    fast_parts: str | None = None
+    # the definition as JSON text, for operators that are not packages with data files
+    # (an imported problem folder); None: read ``definition`` from the package
+    definition_json: str | None = None
+
+    # ------------------------------------------------------------------ package data
+    def read_text(self, filename: str) -> str:
+        return resources.files(self.package).joinpath(filename).read_text()
+
+    def data_path(self, filename: str) -> str:
+        return str(resources.files(self.package).joinpath(filename))
+
+    def definition_text(self) -> str:
+        return self.definition_json if self.definition_json is not None else self.read_text(self.definition)
+
+    def budget_path(self) -> str | None:
+        return None if self.budget is None else self.data_path(self.budget)
+
+    # ------------------------------------------------------------------ code
+    def resolve(self, reference: str) -> Any:
+        """The object a ``".module:attr"`` or ``"package.module:attr"`` string names."""
+        return resolve(reference, self.package)
+
+    def input_hook(self, mode: str) -> Callable | None:
+        hook = (self.inputs or {}).get(mode)
+        return None if hook is None else self.resolve(hook)
+
+    def cost(self) -> Callable | None:
+        return None if self.cost_model is None else self.resolve(self.cost_model)
+
+    def property_hooks(self) -> Any | None:
+        return None if self.properties is None else self.resolve(self.properties)
+
+    def options_of_fast(self) -> dict:
+        return {} if self.fast_options is None else dict(self.resolve(self.fast_options)())
+
+    def parts_of_fast(self) -> Callable | None:
+        return None if self.fast_parts is None else self.resolve(self.fast_parts)
+
+    def mutant_catalogue(self) -> list:
+        return [] if self.mutants is None else list(self.resolve(self.mutants)())
+
+
+def qualify(reference: str, package: str) -> str:
+    """``".fast:forward"`` in ``package`` -> ``"package.fast:forward"`` (absolute names unchanged)."""
+    module, sep, attr = reference.partition(":")
+    if module.startswith("."):
+        module = importlib.util.resolve_name(module, package)
+    return f"{module}{sep}{attr}"
+
+
+def resolve(reference: str, package: str | None = None) -> Any:
+    """Import what ``"module[:attr.attr]"`` names; a leading dot is relative to ``package``."""
+    module_name, _, attr = (qualify(reference, package) if package else reference).partition(":")
+    obj: Any = importlib.import_module(module_name)
+    for part in filter(None, attr.split(".")):
+        obj = getattr(obj, part)
+    return obj
+
+
+# ---------------------------------------------------------------------- the registry
+_REGISTRY: dict[str, OperatorSpec] | None = None
+
+
+def _register(found: dict[str, OperatorSpec], candidate: Any, where: str) -> None:
+    if not isinstance(candidate, OperatorSpec):
+        raise TypeError(f"{where}: expected an OperatorSpec, got {type(candidate).__name__}")
+    if candidate.name in found and found[candidate.name] != candidate:
+        raise ValueError(f"operator {candidate.name!r} is registered twice: by "
+                         f"{found[candidate.name].package} and by {candidate.package}")
+    found[candidate.name] = candidate
+
+
+def _discover() -> dict[str, OperatorSpec]:
+    found: dict[str, OperatorSpec] = {}
+    # the operators shipped with fuseval: every subpackage of this package defines SPEC
+    for info in pkgutil.iter_modules(__path__):
+        if info.ispkg:
+            module = importlib.import_module(f"{__name__}.{info.name}")
+            _register(found, getattr(module, "SPEC", None), f"{module.__name__}.SPEC")
+    # operators of other distributions: entry points naming an OperatorSpec
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        _register(found, ep.load(), f"entry point {ep.name} = {ep.value}")
+    # SOL-ExecBench problem folders named by the environment
+    for directory in _problem_path():
+        _register(found, _problem_spec(directory), f"{PROBLEM_PATH_ENV} folder {directory}")
+    return dict(sorted(found.items()))
+
+
+def _problem_path() -> list[str]:
+    return [d for d in os.environ.get(PROBLEM_PATH_ENV, "").split(os.pathsep) if d]
+
+
+def _problem_spec(directory: str) -> OperatorSpec:
+    from ..interop.sol_problem import operator_spec
+    return operator_spec(directory)
+
+
+def register(candidate: OperatorSpec) -> OperatorSpec:
+    """Add an operator to the registry of this process (a name already taken by another
+    operator is a ValueError)."""
+    _register(registry(), candidate, f"register({candidate.name!r})")
+    return candidate
+
+
+def register_problem(directory: str | os.PathLike) -> OperatorSpec:
+    """Register a SOL-ExecBench problem folder as an operator and list it in
+    ``FUSEVAL_PROBLEM_PATH``, so worker processes started later register it too."""
+    directory = os.path.abspath(os.fspath(directory))
+    found = register(_problem_spec(directory))
+    if directory not in _problem_path():
+        os.environ[PROBLEM_PATH_ENV] = os.pathsep.join([*_problem_path(), directory])
+    return found
+
+
+def registry() -> dict[str, OperatorSpec]:
+    global _REGISTRY
+    if _REGISTRY is None:
+        _REGISTRY = _discover()
+    return _REGISTRY
+
+
+def names() -> list[str]:
+    """The registered operators' names, sorted."""
+    return list(registry())
+
+
+def spec(name: str) -> OperatorSpec:
+    """The spec of operator ``name``; an unknown name is an :class:`UnknownOperatorError`."""
+    known = registry()
+    if name not in known:
+        raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
+    return known[name]

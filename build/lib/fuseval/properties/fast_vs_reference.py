@@ -1,0 +1,300 @@
+"""Property: any implementation of an operator agrees with the float64 oracle.
+
+:func:`check_implementation` draws examples (axis binding x input mode x seed x
+adversarial recipe, see :mod:`.strategies`) under a Hypothesis profile, runs the
+implementation and the oracle on each, and checks
+
+``tolerance``
+    the definition's rule (elementwise atol + rtol|ref|, matched ratio, max-abs bound,
+    no NaN/Inf the oracle does not have, not all-zero), through :func:`fuseval.check.run_case`
+    (which also poisons the CUDA allocator with NaN before the call and rejects wrong
+    output shapes / dtypes and exceptions);
+``tight_bound``
+    on well-conditioned draws (benchmark and realistic modes) a normwise bound far tighter
+    than the rule: ``rel_l2 = |out - ref|_2 / |ref|_2 <= factor * u`` per output, where u
+    is the unit roundoff (:func:`fuseval.precision.unit_roundoff`) of the implementation's
+    working precision; the operator's hooks give the precision and the factor
+    (:class:`~fuseval.properties.hooks.TightBound`; docs/properties.md derives them).
+    Passing ``precision=`` changes u. Operators whose hooks give no bound skip it;
+``metamorphic``
+    implementation-level invariants on a few draws: batch items independent (every
+    operator with a batch axis), then the operator's own (its hooks' ``invariants``, e.g.
+    causality, NaN poisoning patterns).
+
+It returns a :class:`PropertyReport`; each :class:`Failure` carries the axis binding, the
+input mode (and recipe), the seed and a command that reproduces it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from hypothesis import Verbosity, example as hyp_example, given, settings
+from hypothesis import seed as hyp_seed
+from hypothesis.errors import Flaky, Unsatisfiable
+
+from .. import ops as _ops
+from ..check import resolve_device, run_case
+from ..definitions import Case, load
+from ..precision import unit_roundoff
+from . import invariants as inv
+from .hooks import hooks_of
+from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
+from .satisfiable import UnsatisfiableAxes, check_satisfiable
+from .strategies import INPUT_MODES, Example, _valid, examples, explicit_examples, input_modes
+
+__all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tight_bound",
+           "has_tight_bound"]
+
+
+def has_tight_bound(op: str) -> bool:
+    """Whether ``op``'s hooks give a ``tight_bound`` property."""
+    return hooks_of(op).tight_bound is not None
+
+
+def tight_bound(op: str, precision: str | None = None) -> float:
+    """``factor * unit_roundoff(precision)`` of ``op``'s hooks' :class:`TightBound`
+    (``precision`` replaces the hooks' working precision; a ValueError names an unknown
+    one, and an operator whose hooks give no bound)."""
+    bound = hooks_of(op).tight_bound
+    if bound is None:
+        raise ValueError(f"{op}: its property hooks give no tight bound (PropertyHooks.tight_bound is None)")
+    return bound.factor * unit_roundoff(precision or bound.precision)
+
+
+# --------------------------------------------------------------------------- results
+@dataclass
+class Failure:
+    """One falsified property, with everything needed to reproduce it."""
+    property: str
+    op: str
+    impl: str
+    example: Example
+    device: str
+    messages: list[str]
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def command(self) -> str:
+        return self.example.command(self.impl, self.device)
+
+    @property
+    def check_command(self) -> str:
+        return self.example.check_command(self.impl, self.device)
+
+    def __str__(self) -> str:
+        ex = self.example
+        lines = [f"property {self.property!r} falsified for {self.op} / {self.impl} on {self.device}",
+                 ex.describe(),
+                 *(f"  {m}" for m in self.messages),
+                 f"reproduce: {self.command}",
+                 f"closest fuseval check: {self.check_command}"
+                 + ("" if ex.binding.config_arg.isidentifier() else
+                    "  (needs --config to accept a JSON mapping)")
+                 + ("" if ex.mode != "adversarial" else "  (no adversarial mode there)")]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        ex = self.example
+        return {"property": self.property, "op": self.op, "impl": self.impl, "device": self.device,
+                "config": ex.binding.config, "axes": ex.binding.axes, "mode": ex.mode,
+                "recipe": json.loads(ex.recipe.to_json()) if ex.recipe else None, "seed": ex.seed,
+                "messages": self.messages, "metrics": self.metrics, "command": self.command}
+
+
+@dataclass
+class PropertyReport:
+    op: str
+    impl: str
+    profile: str
+    device: str
+    failures: list[Failure]
+    examples_run: int
+    seconds: float
+    properties: list[str]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def __str__(self) -> str:
+        head = (f"{self.op} / {self.impl}: properties {', '.join(self.properties)} "
+                f"({self.profile} profile, {self.device}): "
+                f"{'passed' if self.passed else 'FAILED'} after {self.examples_run} examples "
+                f"in {self.seconds:.1f} s")
+        return "\n\n".join([head] + [str(f) for f in self.failures])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "impl": self.impl, "profile": self.profile, "device": self.device,
+                "passed": self.passed, "examples_run": self.examples_run, "seconds": self.seconds,
+                "properties": self.properties, "failures": [f.to_dict() for f in self.failures]}
+
+
+class _Falsified(AssertionError):
+    pass
+
+
+# --------------------------------------------------------------------------- one example
+def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "cpu",
+             precision: str | None = None, tight: bool = True) -> tuple[str | None, list[str], list[dict]]:
+    """Run ``impl`` and the oracle on one example. Returns (falsified property or None,
+    messages, per-output metrics)."""
+    dev = torch.device(device)
+    defn = example.definition()
+    x = example.tensors(dev)
+    mode = example.mode if example.mode != "adversarial" else "benchmark"
+    # the tolerance: the definition's, or (an imported problem) its nearest workload's
+    tol = defn.nearest_case(example.binding.axes).tolerance if hooks_of(example.op).case_tolerance else None
+    result = run_case(defn, impl, Case(0, example.binding.axes, tol), seed=example.seed, device=dev,
+                      mode=mode, inputs=x, hygiene=False)   # the oracle: the definition's reference
+    metrics = [{"output": m.name, "max_abs": m.max_abs, "rel_l2": m.rel_l2,
+                "matched_ratio": m.matched_ratio, "passed": m.passed} for m in result.outputs]
+    if not result.passed:
+        return "tolerance", list(result.messages), metrics
+    if tight and example.well_conditioned and has_tight_bound(example.op):
+        bound = tight_bound(example.op, precision)
+        over = [m for m in result.outputs if not m.rel_l2 <= bound]
+        if over:
+            return "tight_bound", [f"{m.name}: relative L2 error {m.rel_l2:.3g} > {bound:.3g} "
+                                   f"(well-conditioned {example.mode} input; max abs {m.max_abs:.3g})"
+                                   for m in over], metrics
+    return None, [], metrics
+
+
+def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list[str]:
+    """Implementation-level invariants on one example (messages of the violated ones):
+    batch independence, then the operator's own (its hooks' ``invariants``)."""
+    x = example.tensors(device)
+    defn = example.definition()
+    hooks = hooks_of(example.op)
+    problems = []
+    checks: list[tuple[str, Callable[[], Any]]] = []
+    tol = defn.nearest_case(example.binding.axes).tolerance if hooks.case_tolerance else defn.tolerance
+    if example.binding.axes.get(hooks.batch_axis, 1) > 1:
+        checks.append(("batch items independent",
+                       lambda: inv.batch_independence(example.op, x, impl=impl, tolerance=tol)))
+    for invariant in hooks.invariants:
+        check = invariant(example, x, impl, defn)
+        if check is not None:
+            checks.append(check)
+    for name, fn in checks:
+        try:
+            fn()
+        except inv.InvariantViolation as exc:
+            problems.append(f"{name}: {exc}")
+        except Exception as exc:  # noqa: BLE001 - an implementation raising is a verdict
+            problems.append(f"{name}: implementation raised {type(exc).__name__}: {exc}")
+    return problems
+
+
+# --------------------------------------------------------------------------- the property run
+def _impl_label(impl: str | Callable) -> str:
+    if isinstance(impl, str):
+        return impl
+    name = getattr(impl, "mutant_name", None) or getattr(getattr(impl, "fn", None), "mutant_name", None)
+    return f"mutant:{name}" if name else _ops.impl_label(impl)
+
+
+def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
+                         device: str | torch.device | None = None, *,
+                         max_examples: int | None = None, seed: int | None = None,
+                         shrink: bool = True, precision: str | None = None,
+                         modes: Sequence[str] = INPUT_MODES, metamorphic: bool = True,
+                         explicit: bool = True) -> PropertyReport:
+    """Check ``impl`` (a name of the operator's table such as ``"fast"`` or ``"torch"``,
+    ``"module:function"``, or a callable) against the float64 oracle with the properties
+    ``tolerance``, ``tight_bound`` and (``metamorphic=True``) ``metamorphic``.
+
+    ``profile``: ``ci`` / ``dev`` / ``thorough`` (CPU, scaled-down axes; ``thorough``
+    uses CUDA when present) or ``gpu`` (CUDA, full-size const axes). ``device`` overrides
+    the profile's device. ``seed`` (or env ``FUSEVAL_PROPERTY_SEED``) makes the draws
+    random but reproducible; otherwise ``ci``/``gpu`` are derandomized. ``shrink=False``
+    skips shrinking (faster; the failure is then not minimal). ``precision`` is the
+    implementation's working precision for the tight bound (a name of
+    :data:`fuseval.precision.PRECISIONS`: float32 / fp32, tf32, bfloat16 / bf16, float16...).
+    The properties checked are in the report's ``properties``: ``tight_bound`` only for
+    operators whose hooks give one."""
+    start = time.perf_counter()
+    base = load(op)
+    if precision is not None:
+        tight_bound(op, precision)      # an unknown precision, or an operator without the bound, fails here
+    fn = _ops.resolve_impl(base, impl)
+    label = _impl_label(impl)
+    dev = resolve_device(device if device is not None else PROFILE_DEVICE[profile])
+    space = PROFILE_SPACE[profile]
+    s = property_settings(profile)
+    # no example database here: every call builds a new test from the same inner function,
+    # so a stored failure of one implementation would be replayed into another's run; the
+    # failure's reproduction command is what persists
+    overrides: dict[str, Any] = {"verbosity": Verbosity.quiet, "database": None}
+    if max_examples is not None:
+        overrides["max_examples"] = max_examples
+    seed = seed if seed is not None else property_seed()
+    if seed is not None:
+        overrides["derandomize"] = False
+    s = settings(s, **overrides)
+    if not shrink:
+        s = no_shrink(s)
+
+    failures: list[Failure] = []
+    counter = {"n": 0}
+    properties = (["tolerance"] + (["tight_bound"] if has_tight_bound(op) else [])
+                  + (["metamorphic"] if metamorphic else []))
+
+    def run_property(name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
+                     starters: list[Example], settings_: settings) -> None:
+        state: dict[str, Any] = {}
+
+        def prop(ex: Example) -> None:
+            counter["n"] += 1
+            verdict, messages, metrics = check(ex)
+            if verdict:
+                state["failure"] = Failure(verdict, op, label, ex, str(dev), messages, metrics)
+                raise _Falsified(f"{verdict}: {'; '.join(messages)}")
+
+        test = settings_(given(strategy)(prop))
+        for ex in reversed(starters):
+            test = hyp_example(ex)(test)
+        if seed is not None:
+            test = hyp_seed(seed)(test)
+        try:
+            test()
+        except _Falsified:
+            failures.append(state["failure"])
+        except Unsatisfiable as exc:
+            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
+                                    f"(every drawn axis binding broke the definition's constraints or the "
+                                    f"space's size limit): {exc}") from None
+        except Flaky as exc:
+            f = state.get("failure")
+            if f is None:
+                raise
+            f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
+            failures.append(f)
+
+    allowed = input_modes(op, modes)
+    if not allowed:
+        raise ValueError(f"{op}: modes: none of {list(modes)} is an input mode of the operator "
+                         f"(its modes: {input_modes(op)})")
+    check_satisfiable(op, space)
+    # (an explicit binding that breaks the constraints is left out: check_satisfiable found others)
+    starters = [e for e in explicit_examples(op, space) if e.mode in allowed and _valid(e.binding)] \
+        if explicit else []
+    run_property("tolerance", examples(op, space, allowed),
+                 lambda ex: evaluate(ex, fn, device=dev, precision=precision), starters, s)
+
+    if metamorphic and not failures:
+        meta_settings = settings(s, max_examples=max(2, s.max_examples // 4))
+        meta_modes = [m for m in allowed if m != "adversarial"] or allowed
+        meta_starters = [e for e in starters if e.mode in meta_modes][:2]
+
+        def meta(ex: Example):
+            problems = _metamorphic(ex, fn, dev)
+            return ("metamorphic" if problems else None), problems, []
+        run_property("metamorphic", examples(op, space, meta_modes), meta, meta_starters, meta_settings)
+
+    return PropertyReport(op, label, profile, str(dev), failures, counter["n"],
+                          time.perf_counter() - start, properties)

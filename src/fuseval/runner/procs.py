@@ -1,0 +1,129 @@
+"""What fuseval's process reads of a worker from outside, through ``/proc``.
+
+The verdict rests on these, not on anything the worker says about itself:
+
+* :func:`session_processes` / :func:`end_session`: the processes of the worker's session
+  (the worker made its own session; its seccomp filter keeps its children in it), and
+  ending every one but the worker;
+* :func:`cpu_seconds`: the CPU time of the worker's whole thread group, to see work still
+  running after a call returned;
+* :func:`written_pages`: the private (copied-on-write) pages in the worker's mappings of
+  fuseval's sealed input files, i.e. the inputs it wrote into, restored or not.
+
+Everything here is Linux's ``/proc`` format; elsewhere the functions return what they can
+(empty lists, None) and the callers say that the check was not made.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+__all__ = ["Proc", "session_processes", "end_session", "cpu_seconds", "written_pages", "CLOCK_TICKS"]
+
+try:
+    CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+except (ValueError, OSError, AttributeError):
+    CLOCK_TICKS = 100
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    ppid: int
+    session: int
+    state: str
+    name: str
+
+    def describe(self) -> str:
+        return f"pid {self.pid} ({self.name})"
+
+
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, with the name first (it is in
+    parentheses and may hold spaces and parentheses of its own)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    left, right = raw.find("("), raw.rfind(")")
+    if left < 0 or right < 0:
+        return None
+    return [raw[left + 1:right]] + raw[right + 2:].split()
+
+
+def session_processes(session: int) -> list[Proc]:
+    """The live (not zombie) processes whose session id is ``session``."""
+    found = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        fields = _stat(entry)
+        # after the name: state, ppid, pgrp, session, ...
+        if fields is None or len(fields) < 5:
+            continue
+        state, ppid, sid = fields[1], int(fields[2]), int(fields[4])
+        if sid == session and state not in ("Z", "X"):
+            found.append(Proc(int(entry), ppid, sid, state, fields[0]))
+    return found
+
+
+def end_session(session: int, keep: int | None = None, wait: float = 5.0) -> list[Proc]:
+    """Kill (SIGKILL) every process of ``session`` but ``keep``, until none is left or
+    ``wait`` seconds have passed; returns the processes found on the first look (what the
+    worker had left running). A process that forks while it is being killed is found on
+    the next look."""
+    first: list[Proc] | None = None
+    deadline = time.monotonic() + wait
+    while True:
+        others = [p for p in session_processes(session) if p.pid != keep]
+        if first is None:
+            first = others
+        if not others or time.monotonic() > deadline:
+            return first
+        for p in others:
+            try:
+                os.kill(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        time.sleep(0.002)
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of ``pid``'s whole thread group (None if unreadable)."""
+    fields = _stat(pid)
+    if fields is None or len(fields) < 15:
+        return None
+    # the name, then fields 3.. of proc(5): utime and stime are fields 14 and 15
+    return (int(fields[12]) + int(fields[13])) / CLOCK_TICKS
+
+
+def written_pages(pid: int, inodes: set[int]) -> dict[int, int] | None:
+    """For each inode of ``inodes`` mapped by ``pid``, the kB of its mappings that are
+    private copies (``Anonymous`` in /proc/PID/smaps): pages the process wrote. None when
+    the map cannot be read (the process is gone, or hid its map)."""
+    if not inodes:
+        return {}
+    written: dict[int, int] = {}
+    current: int | None = None
+    try:
+        with open(f"/proc/{pid}/smaps", "rb") as f:
+            for raw in f:
+                line = raw.decode("utf-8", "replace")
+                head = line.split(None, 5)
+                if len(head) >= 5 and "-" in head[0] and head[4].isdigit() and not head[0].endswith(":"):
+                    inode = int(head[4])
+                    current = inode if inode in inodes else None
+                    if current is not None:
+                        written.setdefault(current, 0)
+                elif current is not None and line.startswith("Anonymous:"):
+                    written[current] += int(line.split()[1])
+    except (OSError, ValueError):
+        return None
+    return written
