@@ -147,7 +147,7 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
              mode: str = "benchmark", reference: Callable | None = None,
              inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
              predictor: Callable | None = None, timeout: float | None = None,
-             hygiene_seed: int | None = None) -> CaseResult:
+             hygiene_seed: int | None = None, benchmark_reference: Callable | None = None) -> CaseResult:
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
     ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
@@ -157,7 +157,9 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
     benchmark's ``sol_reference``), the benchmark's verdict is predicted beside.
     ``timeout``: seconds every call of the implementation in this case may take together
     (enforced for a worker only: a call in this process cannot be interrupted).
-    ``hygiene_seed``: the seed of the later calls' inputs (None: drawn at random)."""
+    ``hygiene_seed``: the seed of the later calls' inputs (None: drawn at random).
+    ``benchmark_reference``: run where an output is blind and no ``predictor`` ran, to tell
+    whether the benchmark's own reference shows the same (``BlindOutput.in_benchmark``)."""
     runner = impl if hasattr(impl, "call") and hasattr(impl, "recheck_kept") else \
         Local(impl, device, input_names=defn.input_names)
     reference = reference or _ops.resolve_impl(defn, "reference")
@@ -179,7 +181,11 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
         sync(device)
         oracle_seconds = time.perf_counter() - t0
         sol_refs = as_tuple(predictor(*inputs)) if predictor is not None else None
-    blind = blind_outputs(case.index, refs, defn.outputs, tol)
+    blind = blind_outputs(case.index, refs, defn.outputs, tol, sol_refs)
+    if blind and sol_refs is None and benchmark_reference is not None:
+        # whether the benchmark's own reference shows the same blindness (run only here)
+        with clock("oracle"):
+            blind = blind_outputs(case.index, refs, defn.outputs, tol, as_tuple(benchmark_reference(*inputs)))
 
     deadline = _deadline(timeout)
     with clock("impl"):
@@ -430,6 +436,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
             and (against, rules) != (SOL_REFERENCE, "sol"):
         predictor = operator.implementation(SOL_REFERENCE)
+    benchmark_reference = operator.implementation(SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
     results = []
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
@@ -444,7 +451,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
             oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
                               inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout,
-                              hygiene_seed=hygiene_seed)
+                              hygiene_seed=hygiene_seed, benchmark_reference=benchmark_reference)
             result.oracle = oracle_note(reference)
             if "timeout" in result.violations:
                 timed_out = case.index

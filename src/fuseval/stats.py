@@ -201,9 +201,10 @@ class StatsReport:
     @property
     def blind(self) -> list[dict[str, Any]]:
         """The outputs whose tolerance cannot see an error of 10% of their RMS, per seed:
-        {seed, case, output, rms, atol} (from each seed's ``CheckReport.blind``)."""
-        return [{"seed": rep.seed, "case": b.case, "output": b.output, "rms": b.rms, "atol": b.atol}
-                for rep in self.reports for b in rep.blind]
+        {seed, case, output, rms, atol, in_benchmark} (from each seed's ``CheckReport.blind``;
+        ``in_benchmark``: the benchmark's own reference shows the same)."""
+        return [{"seed": rep.seed, "case": b.case, "output": b.output, "rms": b.rms, "atol": b.atol,
+                 "in_benchmark": b.in_benchmark} for rep in self.reports for b in rep.blind]
 
     def warnings(self) -> list[MetricStats]:
         return [m for m in self.metrics if m.verdict == "warn"]

@@ -82,8 +82,8 @@ def reproduce_command(args, seed: int) -> str:
     """The command line that runs the same check on the same inputs."""
     import shlex
     parts = ["fuseval", "check"]
-    if getattr(args, "problem", None):
-        parts += ["--problem", args.problem]
+    for folder in getattr(args, "problems", None) or ():
+        parts += ["--problem", folder]
     if args.op:
         parts += ["--op", args.op]
     parts += ["--impl", args.impl, "--config", args.config if isinstance(args.config, str) else

@@ -60,17 +60,24 @@ def _margin_tests(ctx: GateContext, stats: Any) -> list[TestResult]:
     return tests
 
 
-def _blind_findings(stats: Any) -> list[str]:
-    """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS."""
+def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
+    """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS:
+    with ``in_benchmark``, those where the benchmark's own reference shows the same (the
+    problem's tolerance is blind on its own outputs: reported, not failed), else the rest."""
     from ..report import fmt_number
     seen: dict[tuple[int, str], list[int]] = {}
     records = {}
     for b in stats.blind:
+        if bool(b.get("in_benchmark")) != in_benchmark:
+            continue
         seen.setdefault((b["case"], b["output"]), []).append(b["seed"])
         records.setdefault((b["case"], b["output"]), b)
-    return [f"blind_tolerance: {output} on case {case} (seed {', '.join(map(str, seeds))}): atol "
+    tail = ("; the benchmark's own reference shows the same: a blind output of the problem, not a failure"
+            if in_benchmark else "")
+    return [f"{'blind_output' if in_benchmark else 'blind_tolerance'}: {output} on case {case} "
+            f"(seed {', '.join(map(str, seeds))}): atol "
             f"{fmt_number(records[case, output]['atol'], 2, 'g')} >= 10% of its RMS "
-            f"{fmt_number(records[case, output]['rms'], 2, 'g')}: an error that size passes every element"
+            f"{fmt_number(records[case, output]['rms'], 2, 'g')}: an error that size passes every element{tail}"
             for (case, output), seeds in seen.items()]
 
 
@@ -87,8 +94,11 @@ def check_component(ctx: GateContext) -> ComponentResult:
                              warn_margin=ctx.warn_margin, extra_seed_cases=ctx.extra_seed_cases,
                              progress=progress, isolate=ctx.isolate, timeout=ctx.timeout)
     blind = _blind_findings(stats)
+    blind_problem = _blind_findings(stats, in_benchmark=True)
     violations = stats.violations + (["blind_tolerance"] if blind else [])
     status = stats.verdict
+    if status == "pass" and blind_problem:
+        status = "warn"
     if status == "fail" or blind or (status == "warn" and ctx.strict):
         status = "fail"
     exit_code = EXIT_OK if status != "fail" else (exit_code_for(violations) if violations else EXIT_CHECK_FAILED)
@@ -99,10 +109,15 @@ def check_component(ctx: GateContext) -> ComponentResult:
     tests = _case_tests(ctx, stats) + _margin_tests(ctx, stats)
     if blind:
         tests.append(TestResult("blind tolerance", "fail", 0.0, blind[0], "\n".join(blind)))
+    if blind_problem:
+        tests.append(TestResult("blind outputs of the problem", "pass", 0.0,
+                                output="WARNING: " + "\n".join(blind_problem)))
     quiet = tuple(f"{m.output} {m.metric}" for m in stats.metrics if m.verdict == "pass" or m.threshold is None)
-    messages = [f"oracle: {note}" for note in not_float64] + blind + \
+    messages = [f"oracle: {note}" for note in not_float64] + blind + blind_problem + \
         [ln for ln in stats.lines() if not ln.startswith(quiet)]
     summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "") \
+        + (f"; {len(blind_problem)} blind output(s) of the problem (the benchmark's reference too)"
+           if blind_problem else "") \
         + (f"; no float64 oracle ({not_float64[0]})" if not_float64 else "")
     files = {}
     if ctx.out:
