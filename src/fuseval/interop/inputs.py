@@ -219,6 +219,8 @@ def draw_inputs(problem: Problem, workload: Workload, seed: int,
         kind = spec["type"]
         if kind == "scalar":
             values[name] = spec["value"]
+        elif kind == "safetensors":
+            values[name] = _blob_tensor(problem, workload, name, spec, axes, device)
         elif kind == "random":
             g = input_generator(seed, name, device)
             shape = _shape(problem, name, axes)
@@ -231,6 +233,22 @@ def draw_inputs(problem: Problem, workload: Workload, seed: int,
         v = values[name]
         out[name] = v.to(device).contiguous() if isinstance(v, torch.Tensor) else v
     return out
+
+
+def _blob_tensor(problem: Problem, workload: Workload, name: str, spec: Mapping, axes: Mapping[str, int],
+                 device: torch.device) -> torch.Tensor:
+    """Input ``name`` read from its safetensors blob, checked against the definition's
+    dtype and the workload's shape (the same tensor on every seed)."""
+    from .blobs import read_tensor
+    t = read_tensor(problem.directory, name, spec, device)
+    where = f"problem {problem.name!r}, workload line {workload.line}, input {name!r} ({spec['path']})"
+    want = TORCH_DTYPES[problem.inputs[name]["dtype"]]
+    if t.dtype != want:
+        raise ProblemError(f"{where}: the blob holds dtype {t.dtype}, the definition says {want}")
+    shape = _shape(problem, name, axes)
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ProblemError(f"{where}: the blob holds shape {tuple(t.shape)}, the workload's axes give {tuple(shape)}")
+    return t
 
 
 def to_fuseval(problem: Problem, values: Mapping[str, Any]) -> dict[str, Any]:
