@@ -30,6 +30,7 @@ COMMANDS = {
     "gate": "CI gate: check + properties + budget, JUnit XML and reports",
     "baseline": "save / compare regression baselines of error metrics and latency",
     "import": "import a SOL-ExecBench problem folder as an operator (and report its reference's margins)",
+    "sweep": "run import, the benchmark reference's check and the gate over many problem folders: one table",
     "crosscheck": "cross-check a built-in operator's oracle against a SOL-ExecBench problem's reference",
 }
 # a command whose module name differs from its name ("import" is a Python keyword)

@@ -11,11 +11,12 @@ property run over a problem whose workloads reach gigabytes draws only sizes tha
 """
 from __future__ import annotations
 
-from typing import Callable
+import math
+from typing import Callable, Mapping
 
 import torch
 
-__all__ = ["available_bytes", "draw_budget", "DRAW_SHARE"]
+__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DRAW_SHARE", "DRAW_COPIES"]
 
 # the share of the available memory one draw may plan for (the oracle's float64 copies and
 # intermediates, the implementation and the comparison come on top of what it counts)
@@ -81,3 +82,17 @@ def draw_budget(device: str | torch.device) -> int | None:
     available); None: no bound known."""
     free = available_bytes(device)
     return None if free is None else int(free * DRAW_SHARE)
+
+
+# float64 copies of the inputs and outputs one example holds at its peak, roughly
+DRAW_COPIES = 4
+
+
+def draw_bytes(defn, axes: Mapping[str, int]) -> int:
+    """What one example of a full axis binding of the definition ``defn`` plans for: every
+    tensor input and output in float64 (the lifted oracle's copies), times
+    :data:`DRAW_COPIES` (the inputs as drawn, the oracle's intermediates, the
+    implementation's outputs, the comparison)."""
+    elements = sum(math.prod(defn.shape_of(spec, axes)) for spec in (*defn.inputs, *defn.outputs)
+                   if not spec.is_scalar)
+    return elements * 8 * DRAW_COPIES

@@ -244,6 +244,74 @@ def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list
 
 
 # --------------------------------------------------------------------------- the property run
+@dataclass
+class _PropertyRun:
+    """What the property runs of one :func:`check_implementation` share: each falsified
+    property is appended to ``failures``, each example run counted in ``counter``."""
+    op: str
+    label: str
+    dev: torch.device
+    seed: int | None
+    outside_domain: tuple[type[BaseException], ...]
+    max_bytes: int | None
+    failures: list
+    counter: dict
+
+    def run(self, name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
+            starters: list[Example], settings_: settings) -> None:
+        op, label, dev, seed, max_bytes, failures, counter = (self.op, self.label, self.dev, self.seed,
+                                                              self.max_bytes, self.failures, self.counter)
+        state: dict[str, Any] = {}
+
+        def prop(ex: Example) -> None:
+            try:
+                verdict, messages, metrics = check(ex)
+            except self.outside_domain as exc:
+                state["outside"] = state.get("outside", 0) + 1
+                state["why_outside"] = str(exc)
+                reject()          # the operator's own code refuses this draw: outside its domain
+            except Exception as exc:  # noqa: BLE001 - only out of memory is kept, the rest re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                # not a verdict on the implementation, and not a failure Hypothesis may
+                # replay (the rerun would fit or not at random): it ends the run here
+                raise _OutOfMemoryHere(ex, exc) from exc
+            counter["n"] += 1
+            if verdict:
+                state["failure"] = Failure(verdict, op, label, ex, str(dev), messages, metrics)
+                raise _Falsified(f"{verdict}: {'; '.join(messages)}")
+
+        test = settings_(given(strategy)(prop))
+        for ex in reversed(starters):
+            test = hyp_example(ex)(test)
+        if seed is not None:
+            test = hyp_seed(seed)(test)
+        try:
+            test()
+        except _Falsified:
+            failures.append(state["failure"])
+        except _OutOfMemoryHere as oom:
+            ex, exc = oom.args
+            raise OutOfMemory(f"{op}: property {name!r}: out of memory on the example {ex!r} (planned "
+                              f"{draw_bytes(ex.definition(), ex.definition().resolve_axes(ex.binding.axes)) / 2**20:.0f}"
+                              f" MiB; the bound per draw on {dev} was "
+                              f"{'none' if max_bytes is None else f'{max_bytes / 2**20:.0f} MiB'}): "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        except Unsatisfiable as exc:
+            outside = (f"; {state['outside']} draws were outside the operator's domain (last: "
+                       f"{state['why_outside']})" if state.get("outside") else "")
+            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
+                                    f"(every drawn axis binding broke the definition's constraints, the "
+                                    f"space's size limit or the memory bound per draw){outside}: {exc}") from None
+        except Flaky as exc:
+            f = state.get("failure")
+            if f is None:
+                raise
+            f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
+            failures.append(f)
+
+
+
 def _impl_label(impl: str | Callable) -> str:
     if isinstance(impl, str):
         return impl
@@ -302,56 +370,8 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
     properties = (["tolerance"] + (["tight_bound"] if has_tight_bound(op) else [])
                   + (["metamorphic"] if metamorphic else []))
 
-    def run_property(name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
-                     starters: list[Example], settings_: settings) -> None:
-        state: dict[str, Any] = {}
-
-        def prop(ex: Example) -> None:
-            try:
-                verdict, messages, metrics = check(ex)
-            except hooks.outside_domain as exc:
-                state["outside"] = state.get("outside", 0) + 1
-                state["why_outside"] = str(exc)
-                reject()          # the operator's own code refuses this draw: outside its domain
-            except Exception as exc:  # noqa: BLE001 - only out of memory is kept, the rest re-raised
-                if not is_out_of_memory(exc):
-                    raise
-                # not a verdict on the implementation, and not a failure Hypothesis may
-                # replay (the rerun would fit or not at random): it ends the run here
-                raise _OutOfMemoryHere(ex, exc) from exc
-            counter["n"] += 1
-            if verdict:
-                state["failure"] = Failure(verdict, op, label, ex, str(dev), messages, metrics)
-                raise _Falsified(f"{verdict}: {'; '.join(messages)}")
-
-        test = settings_(given(strategy)(prop))
-        for ex in reversed(starters):
-            test = hyp_example(ex)(test)
-        if seed is not None:
-            test = hyp_seed(seed)(test)
-        try:
-            test()
-        except _Falsified:
-            failures.append(state["failure"])
-        except _OutOfMemoryHere as oom:
-            ex, exc = oom.args
-            raise OutOfMemory(f"{op}: property {name!r}: out of memory on the example {ex!r} (planned "
-                              f"{draw_bytes(ex.definition(), ex.definition().resolve_axes(ex.binding.axes)) / 2**20:.0f}"
-                              f" MiB; the bound per draw on {dev} was "
-                              f"{'none' if max_bytes is None else f'{max_bytes / 2**20:.0f} MiB'}): "
-                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
-        except Unsatisfiable as exc:
-            outside = (f"; {state['outside']} draws were outside the operator's domain (last: "
-                       f"{state['why_outside']})" if state.get("outside") else "")
-            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
-                                    f"(every drawn axis binding broke the definition's constraints, the "
-                                    f"space's size limit or the memory bound per draw){outside}: {exc}") from None
-        except Flaky as exc:
-            f = state.get("failure")
-            if f is None:
-                raise
-            f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
-            failures.append(f)
+    run = _PropertyRun(op, label, dev, seed, hooks.outside_domain, max_bytes, failures, counter)
+    run_property = run.run
 
     allowed = input_modes(op, modes)
     if not allowed:

@@ -50,6 +50,7 @@ from hypothesis import strategies as st
 
 from ..definitions import Definition, load
 from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
+from ..memory import DRAW_COPIES, draw_bytes
 from .hooks import PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 
@@ -142,19 +143,6 @@ def _var(defn: Definition, hooks: PropertyHooks, values: Mapping[str, int],
 def _input_elements(defn: Definition, axes: Mapping[str, int]) -> int:
     """Elements of all tensor inputs for a full axis binding."""
     return sum(math.prod(defn.shape_of(spec, axes)) for spec in defn.inputs if not spec.is_scalar)
-
-
-def draw_bytes(defn: Definition, axes: Mapping[str, int]) -> int:
-    """What one example of a full axis binding plans for: every tensor input and output
-    in float64 (the lifted oracle's copies), times :data:`DRAW_COPIES` (the inputs as
-    drawn, the oracle's intermediates, the implementation's outputs, the comparison)."""
-    elements = sum(math.prod(defn.shape_of(spec, axes)) for spec in (*defn.inputs, *defn.outputs)
-                   if not spec.is_scalar)
-    return elements * 8 * DRAW_COPIES
-
-
-# float64 copies of the inputs and outputs one example holds at its peak, roughly
-DRAW_COPIES = 4
 
 
 def _fits(binding: Binding, limit: int | None, max_bytes: int | None = None,
@@ -407,8 +395,7 @@ class Example:
 
 
 def _problem_args(op: str) -> list[str]:
-    """``--problem DIR`` where ``op`` is a problem folder's operator (a command must
-    register it before it can name it)."""
+    """``--problem DIR`` where ``op`` is a problem folder's (a command registers it first)."""
     from ..operators import spec
     directory = getattr(spec(op), "directory", None)
     return ["--problem", directory] if directory else []
