@@ -188,3 +188,11 @@ def test_a_blind_output_the_benchmarks_reference_does_not_share_still_fails():
     assert len(shared) == 1 and shared[0].in_benchmark
     assert blind_outputs(0, [exact * 0 + 1.0], [spec], tol, [theirs]) == []    # 1e-3 < 10% of RMS 1
     assert BLIND_FRACTION == 0.1
+
+
+def test_a_workload_with_an_empty_activation_runs_every_recipe(tmp_path, register):
+    # n = 0 is a workload (an empty batch): the adversarial recipes (zero rows, magnitudes)
+    # have no row to change there, which is no error
+    spec = register(_one_axis(tmp_path, "empty", "    pass", [0, 3]))
+    report = check_implementation(spec.name, "sol_reference", profile="ci")
+    assert report.passed, str(report)

@@ -505,7 +505,7 @@ def _row_factors(magnitudes, magnitude: str, rows: tuple[int, ...], g: torch.Gen
 
 
 def _zero_rows(x: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
-    if n <= 0:
+    if n <= 0 or x.numel() == 0:      # an empty activation has no row to zero
         return x
     n_rows = x.numel() // max(x.shape[-1], 1)
     rows = torch.randperm(n_rows, generator=g)[:n]
