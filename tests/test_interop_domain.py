@@ -196,3 +196,28 @@ def test_a_workload_with_an_empty_activation_runs_every_recipe(tmp_path, registe
     spec = register(_one_axis(tmp_path, "empty", "    pass", [0, 3]))
     report = check_implementation(spec.name, "sol_reference", profile="ci")
     assert report.passed, str(report)
+
+
+def test_a_cache_update_whose_reference_misses_its_tolerance_is_no_hygiene_violation(tmp_path, register, capsys):
+    # a KV-cache update (the cache, empty on one workload, concatenated with the new
+    # states) rounded to float16: every call misses the tolerance, which is a tolerance
+    # failure of each call, not a cached result, a mutated input or an aliased output
+    folder = write_problem(
+        tmp_path / "cache", name="test_cache_update",
+        axes={"past": {"type": "var"}, "new": {"type": "var"}, "h": {"type": "const", "value": 4},
+              "total": {"type": "expr", "expression": "past + new"}},
+        inputs={"states": tensor(["new", "h"], "float32"), "cache": tensor(["past", "h"], "float32")},
+        outputs={"updated": tensor(["total", "h"], "float32")},
+        reference="""
+            import torch
+
+
+            def run(states, cache):
+                return torch.cat([cache, (states / 3).half().float()], dim=0)
+            """,
+        workloads=[workload({"past": 0, "new": 5}, atol=1e-7, rtol=1e-7),
+                   workload({"past": 6, "new": 1}, atol=1e-7, rtol=1e-7)])
+    code = cli.main(["check", "--problem", folder, "--impl", "sol_reference", "--in-process", "--seed", "3"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert not any(word in out for word in ("cached_result", "mutated_input", "aliased_output", "output_reused")), out
