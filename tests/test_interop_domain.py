@@ -221,3 +221,10 @@ def test_a_cache_update_whose_reference_misses_its_tolerance_is_no_hygiene_viola
     out = capsys.readouterr().out
     assert code == 1, out
     assert not any(word in out for word in ("cached_result", "mutated_input", "aliased_output", "output_reused")), out
+
+
+def test_list_shows_each_workloads_own_rtol(tmp_path, register, capsys):
+    folder = _one_axis(tmp_path, "listed", "    pass", [3, 12], atol=1e-5, rtol=0.05)
+    assert cli.main(["list", "--problem", folder, "--op", "test_listed"]) == 0
+    out = capsys.readouterr().out
+    assert "case  0: n=3  atol 1e-05 rtol 0.05" in out, out
