@@ -378,7 +378,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
           seed: int | None = None, mode: str = "benchmark", hygiene: bool = True,
           progress: Callable[[CaseResult, int, int], None] | None = None,
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
-          predict: bool = True, isolate: bool | None = None, timeout: float | None = None,
+          predict: bool = True, isolate: bool | None = None, timeout: float | None = None, blind_witness: bool = False,
           save_failing: str | None = None, replay: str | None = None,
           hygiene_seed: int | None = None) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
@@ -403,6 +403,9 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``timeout``: seconds each case may spend in the implementation (default
     ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
     timed out, the remaining cases are reported as timed out without being run.
+    ``blind_witness``: where an output is blind and no predictor ran, run the benchmark's
+    own reference too, to tell whether it shows the same (``BlindOutput.in_benchmark``;
+    the gate asks for it, the blind rule being the gate's).
     ``save_failing``: a folder; the inputs of every failing case are saved there
     (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
     case's messages name the file. ``replay``: such a file; the check runs that case on
@@ -436,7 +439,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
             and (against, rules) != (SOL_REFERENCE, "sol"):
         predictor = operator.implementation(SOL_REFERENCE)
-    benchmark_reference = operator.implementation(SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
+    benchmark_reference = operator.implementation(SOL_REFERENCE) \
+        if blind_witness and SOL_REFERENCE in defn.implementations else None
     results = []
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
