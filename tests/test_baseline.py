@@ -178,25 +178,31 @@ def test_stage_metrics_from_the_budget_are_recorded_and_compared():
 
 # --------------------------------------------------------------------------- latency
 def test_latency_is_timed_by_the_bench_timer(monkeypatch):
-    """A baseline's latencies come from fuseval.bench.time_call, under its default rules
-    (L2 flushed, adaptive repetitions): one timer for bench and baseline. A baseline with
-    a timer of its own (no flush, a fixed 20 repetitions) never calls it and fails here."""
+    """A baseline's latencies come from the bench's own timed runs
+    (fuseval.runner.timing.time_impl, under the bench's default rules): one timer for bench
+    and baseline; a refused timing is an error, never a recorded latency."""
+    from fuseval.runner import timing
     calls = []
 
-    def recording_timer(fn, *, device, **rules):
-        out = fn()
-        calls.append((torch.device(device).type, rules, tuple(o.shape for o in out)))
-        return bench.Timing(0.25 * len(calls), 0.2, 0.3, 0.2, 10)
+    def recording(runner, defn, case, *, rules, **kw):
+        calls.append((case.index, dict(rules)))
+        if case.index == 9:
+            return timing.TimedRun(None, [("replayed_output", "stale")])
+        return timing.TimedRun({"median_ms": 0.25 * len(calls)})
 
-    monkeypatch.setattr(bench, "time_call", recording_timer)
+    monkeypatch.setattr(timing, "time_impl", recording)
     operator = ops.get(OP, "small")
     subject = baseline._subject(operator, "torch", torch.device("cpu"), isolate=False)
     selected = operator.definition.cases("0-1")
     per_case = {c.index: {"latency_ms": []} for c in selected}
     baseline._latencies(subject, "torch", selected, 0, "benchmark", torch.device("cpu"), per_case)
     assert [per_case[c.index]["latency_ms"] for c in selected] == [[0.25], [0.5]]
-    assert [(device, rules) for device, rules, _ in calls] == [("cpu", {}), ("cpu", {})]
-    assert all(len(shapes) == 3 for _, _, shapes in calls)      # the implementation ran on the case's inputs
+    assert [r for _, r in calls] == [{"warmup_ms": bench.WARMUP_MS, "rep_ms": bench.REP_MS,
+                                      "min_reps": bench.MIN_REPS, "max_reps": bench.MAX_REPS, "flush": True}] * 2
+    refused = operator.definition.cases("9")
+    with pytest.raises(baseline.TimingRefused, match="replayed_output"):
+        baseline._latencies(subject, "torch", refused, 0, "benchmark", torch.device("cpu"),
+                            {9: {"latency_ms": []}})
 
 
 @pytest.mark.gpu

@@ -85,13 +85,15 @@ time_check() {  # tree op impl cases extra...
   local line=$(grep "^time:" "$OUT/confinement-time.txt" | head -1)
   echo "$tree $op $impl cases=$cases $* rc=$rc wall=$(python3 -c "print(round($t1-$t0,2))") | $line"
 }
+# OLD=1 also times the tree before the confinement (old-src/, carried)
+trees="src"; [ "${OLD:-0}" = 1 ] && trees="old-src src"
 {
   for args in "nvfp4_qkv_rope fast 0,9,15" "qwen2vl_decoder_layer fast 0,11,15"; do
     set -- $args
     echo "cold (fills each tree's Triton cache)"
-    time_check old-src $1 $2 $3 ; time_check src $1 $2 $3
+    for t in $trees; do time_check $t $1 $2 $3; done
     echo "warm"
-    time_check old-src $1 $2 $3 ; time_check src $1 $2 $3
-    time_check old-src $1 $2 $3 --no-hygiene ; time_check src $1 $2 $3 --no-hygiene
+    for t in $trees; do time_check $t $1 $2 $3; time_check $t $1 $2 $3; time_check $t $1 $2 $3 --no-hygiene; done
+    for t in $trees; do time_check $t $1 $2 $3 --in-process; done
   done
 } 2>&1 | tee -a "$log"

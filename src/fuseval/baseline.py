@@ -40,7 +40,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from .errors import EXIT_BAD_FILE, FusevalError
+from .errors import EXIT_BAD_FILE, EXIT_TIMING_REFUSED, FusevalError
 from .jsonio import jsonable, number
 from .report import fmt_number
 
@@ -157,16 +157,31 @@ def _samples_of_budget(brep, samples: dict) -> None:
 
 
 def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, per_case: dict) -> None:
-    """One seed's median latency per case, timed by :func:`fuseval.bench.time_call` (the
-    rules of ``fuseval bench``: L2 flushed, adaptive repetitions, CUDA events)."""
-    from .bench import time_call
-    from .inputs import generate_inputs
+    """One seed's median latency per case, timed as ``fuseval bench`` times: in the
+    implementation's worker, over rotating inputs, judged by :func:`fuseval.runner.timing.time_impl`
+    (a refused timing is an error: a baseline never records a time that was not earned)."""
+    from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS
+    from .isolation import worker_for
+    from .runner.timing import time_impl
     operator, defn = subject.operator, subject.operator.definition
-    fn = subject.fn if callable(subject.fn) else operator.implementation(impl)
+    runner = worker_for(impl, defn, str(device)) if subject.isolate else subject.fn
+    rules = {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "min_reps": MIN_REPS, "max_reps": MAX_REPS, "flush": True}
     for c in selected:
-        inputs = generate_inputs(defn, c.axes, seed=seed + c.index, mode=mode, device=device)
-        per_case[c.index]["latency_ms"].append(time_call(lambda: fn(*inputs), device=device).median_ms)
-        del inputs
+        run = time_impl(runner, defn, c, seed=seed, mode=mode, device=device, reference=operator.reference,
+                        tolerance=c.tolerance or defn.tolerance, rules=rules)
+        if not run.valid:
+            raise TimingRefused(f"case {c.index}: the timing of {subject_label(impl)} was refused: {run.summary()}")
+        per_case[c.index]["latency_ms"].append(run.timing["median_ms"])
+
+
+class TimingRefused(FusevalError):
+    """A latency for a baseline was refused by fuseval's timing rules."""
+    exit_code = EXIT_TIMING_REFUSED
+
+
+def subject_label(impl) -> str:
+    from .ops import impl_label
+    return impl_label(impl)
 
 
 def _case_documents(per_case: dict, samples: dict) -> dict[str, Any]:

@@ -57,6 +57,7 @@ from . import ops as _ops
 from .bench_render import plot_report, print_bench_report, write_outputs
 from .definitions import Definition
 from .report import fmt_number
+from .runner.timing import CHECKED_CALLS, FLOOR_MARGIN, ROTATION_SETS, WATCHED_CALLS, time_impl
 from .torch_flags import matmul_flags
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
@@ -64,7 +65,7 @@ __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", 
            "bench_spec", "floor_seconds", "CaseBench", "BenchReport", "run_bench",
            "print_bench_report", "write_outputs", "plot_report"]
 
-L2_FLUSH_BYTES = 256 << 20
+from .runner.clock import L2_FLUSH_BYTES  # noqa: E402 - the timed loop's flush, the same here
 # the timer's rules by default: warm-up, time filled by repetitions, repetition bounds
 WARMUP_MS, REP_MS, MIN_REPS, MAX_REPS = 30.0, 150.0, 10, 500
 
@@ -358,6 +359,8 @@ class CaseBench:
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
     clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
     parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (bench_parts)
+    refused: dict[str, list[list[str]]] = field(default_factory=dict)  # impl -> [reason, message] of a refused timing
+    timed: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> what its timing was judged from
 
     def median(self, impl: str) -> float | None:
         t = self.timings.get(impl)
@@ -461,13 +464,16 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     if sustained_s < 0:
         raise ValueError(f"sustained_s: expected seconds >= 0 (0 = off), got {sustained_s}")
     device = torch.device(device)
-    _require_cuda(device)
+    if device.type != "cpu":
+        _require_cuda(device)
     operator = _ops.get(op, config)
     defn = operator.definition
     spec = bench_spec(defn, impls)
-    if not parts:
+    if not parts or device.type != "cuda":
         spec.parts = None
-    fns = {name: operator.implementation(name) for name in spec.impls}
+    # every implementation runs (and is timed) in a worker of its own, never in this process
+    from .check import _runner
+    fns = {name: _runner(operator, name, device, None, None)[0] for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
     fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
     reference = operator.reference
@@ -475,13 +481,13 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
         seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run
     say = progress or (lambda msg: None)
 
-    monitor = ClockMonitor(device) if monitor_clocks else None
+    monitor = ClockMonitor(device) if monitor_clocks and device.type == "cuda" else None
     if monitor is not None and not monitor.start():
         say(f"not sampling GPU clocks: {monitor.unavailable}")
     intervals: dict[tuple[int, str], tuple[float, float]] = {}   # (case, impl) -> wall-clock interval
     ceilings_interval = None
     try:
-        if ceilings is None and spec.cost_model is not None:
+        if ceilings is None and spec.cost_model is not None and device.type == "cuda":
             dtypes = sorted({str(spec.cost_model(defn.resolve_axes(c.axes)).get("matmul_dtype", "bf16"))
                              for c in defn.cases(cases)}) if sustained_s > 0 else []
             say("measuring ceilings (copy bandwidth, matmul rates"
@@ -516,7 +522,11 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
                               flush=flush),
                 "check": check, "hygiene": hygiene, "torch": torch.__version__,
                 "triton": _triton_version(), "tolerance": asdict(defn.tolerance), "clocks": clocks}
-    return BenchReport(defn.name, defn.config, torch.cuda.get_device_name(device), seed, mode,
+    settings["timing"] = {"rotation_sets": ROTATION_SETS, "checked_calls": CHECKED_CALLS,
+                          "watched_calls": WATCHED_CALLS, "floor_margin": FLOOR_MARGIN,
+                          "runner": "each implementation in its confined worker"}
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (perf_counter timer)"
+    return BenchReport(defn.name, defn.config, name, seed, mode,
                        spec.impls, spec.fast, asdict(ceilings) if ceilings else None, settings, results,
                        fast_options)
 
@@ -554,17 +564,24 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                                   reference=reference, inputs=inputs,
                                   hygiene=hygiene and name == spec.fast, predictor=predictor)
                 cb.check[name] = _check_summary(result)
+        rules = {"warmup_ms": warmup_ms, "rep_ms": rep_ms, "min_reps": min_reps, "max_reps": max_reps,
+                 "flush": flush}
         for name in spec.impls:
-            fn = fns[name]
+            t0 = wall()
             try:
-                t0 = wall()
-                t = time_call(lambda: fn(*inputs), device=device, warmup_ms=warmup_ms, rep_ms=rep_ms,
-                              min_reps=min_reps, max_reps=max_reps, flush=flush)
-                intervals[(case.index, name)] = (t0, wall())
-                cb.timings[name] = asdict(t)
+                run = time_impl(fns[name], defn, case, seed=seed, mode=mode, device=device, reference=reference,
+                                tolerance=case.tolerance or defn.tolerance, rules=rules, floor_ms=cb.floor_ms)
             except Exception as exc:  # noqa: BLE001 - a failing implementation is reported, not fatal
                 cb.timings[name] = None
                 cb.errors[name] = f"{type(exc).__name__}: {exc}"
+                continue
+            intervals[(case.index, name)] = (t0, wall())
+            cb.timings[name] = run.timing
+            cb.timed[name] = {"calls": run.calls, "checked_calls": run.checked_calls, "watched": run.watched,
+                              "overhead_ms": run.overhead_ms}
+            if run.refused:
+                cb.refused[name] = [[r, m] for r, m in run.refused]
+                cb.errors[name] = "timing refused: " + ", ".join(dict.fromkeys(r for r, _ in run.refused))
         if spec.parts is not None and cb.timings.get(spec.fast):
             from .bench_parts import time_parts
             cb.parts = time_parts(spec.parts(*inputs), ceilings, device, warmup_ms=warmup_ms, rep_ms=rep_ms,

@@ -71,7 +71,7 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
         table.add_column("check")
     for cb in report.cases:
         row = [str(cb.case), ",".join(str(v) for v in cb.axes.values())]
-        row += [_ms(cb.median(i)) for i in report.impls]
+        row += ["REFUSED" if i in getattr(cb, "refused", {}) else _ms(cb.median(i)) for i in report.impls]
         row.append(_ms(cb.floor_ms))
         if fast:
             f = cb.median(fast)
@@ -100,7 +100,13 @@ def print_bench_report(report: BenchReport, stream=None) -> None:
     out.print(table)
     for cb in report.cases:
         for impl, err in cb.errors.items():
-            out.print(f"case {cb.case}: {impl} was not timed: {err}", markup=False, highlight=False)
+            refusals = getattr(cb, "refused", {}).get(impl)
+            if refusals:
+                for reason, message in refusals:
+                    out.print(f"case {cb.case}: {impl}: timing refused ({reason}): {message}", markup=False,
+                              highlight=False)
+            else:
+                out.print(f"case {cb.case}: {impl} was not timed: {err}", markup=False, highlight=False)
     if report.checked:
         _print_error_table(report, out)
     _print_parts_table(report, out)
@@ -189,6 +195,29 @@ def summary_lines(report: BenchReport) -> list[str]:
             lines.extend(_error_comparison(report))
     lines.extend(clock_lines(report))
     lines.extend(fast_options_lines(report))
+    lines.extend(timing_lines(report))
+    return lines
+
+
+def timing_lines(report: BenchReport) -> list[str]:
+    """How the times were taken and judged, and which were refused."""
+    t = (report.settings or {}).get("timing")
+    if not t:
+        return []
+    lines = [f"timing: each implementation in its own confined worker; calls rotate over {t['rotation_sets']} "
+             f"input sets with every call's activations rescaled, {t['checked_calls']} timed calls per case "
+             f"checked against the oracle after the loop, {t['watched_calls']} calls watched on every stream; "
+             f"a median below the floor by more than {t['floor_margin']:.0%} is refused"]
+    for impl in report.impls:
+        over = [cb.timed[impl]["overhead_ms"] for cb in report.cases
+                if impl in getattr(cb, "timed", {}) and cb.timed[impl].get("overhead_ms") is not None]
+        if over:
+            lines.append(f"{impl}: outside the timed interval (flush, rotation, host) {_ms(sorted(over)[len(over) // 2])} "
+                         "ms per call (median over the cases), never inside it")
+    refused = sorted({(impl, r) for cb in report.cases for impl, rs in getattr(cb, "refused", {}).items()
+                      for r, _ in rs})
+    if refused:
+        lines.append("TIMING REFUSED: " + ", ".join(f"{impl} ({r})" for impl, r in refused))
     return lines
 
 

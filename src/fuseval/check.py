@@ -42,7 +42,7 @@ import torch
 from . import ops as _ops
 from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
 from .definitions import Case, Definition, Tolerance
-from .errors import VIOLATION_EXIT, NoDeviceError
+from .errors import VIOLATION_EXIT, NoDeviceError, UsageError
 from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
                       poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
@@ -55,6 +55,10 @@ __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "ru
 
 # what the benchmark compares against: the implementation name of its reference
 SOL_REFERENCE = "sol_reference"
+
+# the failing cases of a check whose known mistakes are ranked (each costs a run of every
+# mutant from its stage on); later failing cases get the anatomy alone, which runs nothing
+DIAGNOSE_MUTANT_CASES = 2
 
 # every violation name, from the one table that also gives each its exit code
 VIOLATIONS = tuple(name for name, _ in VIOLATION_EXIT)
@@ -112,6 +116,8 @@ class CaseResult:
     oracle: str | None = None
     hygiene_seed: int | None = None   # the seed of the later calls' inputs (drawn at random)
     impl_output: str = ""           # what the implementation printed during the first call (its tail)
+    # why a failing case failed (fuseval.diagnosis.Diagnosis; None: passed or not diagnosed)
+    diagnosis: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,7 +153,8 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
              mode: str = "benchmark", reference: Callable | None = None,
              inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
              predictor: Callable | None = None, timeout: float | None = None,
-             hygiene_seed: int | None = None, benchmark_reference: Callable | None = None) -> CaseResult:
+             hygiene_seed: int | None = None, diagnose: str | None = None,
+             benchmark_reference: Callable | None = None) -> CaseResult:
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
     ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
@@ -158,6 +165,10 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
     ``timeout``: seconds every call of the implementation in this case may take together
     (enforced for a worker only: a call in this process cannot be interrupted).
     ``hygiene_seed``: the seed of the later calls' inputs (None: drawn at random).
+    ``diagnose``: when an output fails, say why (:mod:`fuseval.diagnosis`): "anatomy" (reads
+    the outputs only), "mutants" (also ranks the operator's known mistakes on these inputs)
+    or "full" (also calls the implementation again with one input group drawn anew; runs for
+    a passing case too: it was asked for).
     ``benchmark_reference``: run where an output is blind and no ``predictor`` ran, to tell
     whether the benchmark's own reference shows the same (``BlindOutput.in_benchmark``)."""
     runner = impl if hasattr(impl, "call") and hasattr(impl, "recheck_kept") else \
@@ -224,11 +235,41 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
         with clock("hygiene"):
             _hygiene(defn, runner, case, hygiene_seed, mode, device, inputs, res, outputs, refs, bound, reference,
                      tol, rules, all(m.passed for m in metrics), deadline, expected, verdict)
+    # ---- diagnosis hook (fuseval.diagnosis): only for a case whose numbers failed
+    diagnosis = None
+    if diagnose == "full" or (diagnose and not all(m.passed for m in metrics)):
+        diagnosis = _diagnose(defn, runner, case, case_seed, mode, device, inputs, outputs, refs, tol, reference,
+                              diagnose, deadline, expected, out_bytes)
+    # ---- end of the diagnosis hook
     del refs
     busy = runner.settle()
     if busy:
         verdict.add(["lingering_thread"], [busy])
-    return result(metrics, predicted)
+    done = result(metrics, predicted)
+    done.diagnosis = diagnosis
+    return done
+
+
+def _diagnose(defn, runner, case, case_seed, mode, device, inputs, outputs, refs, tol, reference, level, deadline,
+              expected, out_bytes):
+    """The case's :class:`fuseval.diagnosis.Diagnosis`; a failure of the diagnosis itself is
+    a note in it, never a changed verdict."""
+    from . import diagnosis
+
+    def call(changed):
+        res = runner.call(changed, keep=False, poison=2 * out_bytes, deadline=deadline, expected=expected)
+        return None if res.violations or res.outputs is None else res.outputs
+
+    def redraw(k):
+        return generate_inputs(defn, case.axes, seed=case_seed + 1_000_003 * k, mode=mode, device=device)
+    try:
+        return diagnosis.diagnose_case(defn, inputs, outputs, refs, tol, case=case.index,
+                                       mutants=level in ("mutants", "full"), seed=case_seed,
+                                       **({"call": call, "reference": reference, "redraw": redraw}
+                                          if level == "full" else {}))
+    except Exception as exc:  # noqa: BLE001 - the verdict stands whatever the diagnosis does
+        return diagnosis.Diagnosis(defn.name, case.index, "unexplained", f"the diagnosis failed: "
+                                   f"{type(exc).__name__}: {exc}"[:300], [])
 
 
 def describe_metrics(m: OutputMetrics) -> str:
@@ -380,7 +421,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
           predict: bool = True, isolate: bool | None = None, timeout: float | None = None, blind_witness: bool = False,
           save_failing: str | None = None, replay: str | None = None,
-          hygiene_seed: int | None = None) -> CheckReport:
+          hygiene_seed: int | None = None, diagnose: bool | str = True) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
 
     ``seed``: case i draws its inputs from seed + i; None (the default) draws the seed at
@@ -410,6 +451,10 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
     case's messages name the file. ``replay``: such a file; the check runs that case on
     exactly those inputs (``seed``, ``cases`` and ``mode`` come from the file).
+    ``diagnose``: say why each failing case failed (``CaseResult.diagnosis``): the anatomy
+    of its error on every failing case, the operator's known mistakes ranked on the first
+    :data:`DIAGNOSE_MUTANT_CASES` of them; nothing runs for a passing case. A level of
+    :func:`run_case` ("anatomy", "mutants", "full") applies that level to every case.
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
     t_start = time.perf_counter()
     if rules not in RULES:
@@ -445,6 +490,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
     timed_out = None
+    diagnosed = 0
     for n, case in enumerate(selected):
         if timed_out is not None:
             tol = case.tolerance or defn.tolerance
@@ -452,11 +498,14 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                                 [f"not run: the implementation timed out on case {timed_out} of this run"],
                                 False, 0.0, 0.0, seed + case.index, asdict(tol), timings=dict(Timings()))
         else:
+            level = diagnose if isinstance(diagnose, str) else None if not diagnose else \
+                ("mutants" if diagnosed < DIAGNOSE_MUTANT_CASES else "anatomy")
             oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
                               inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout,
-                              hygiene_seed=hygiene_seed, benchmark_reference=benchmark_reference)
+                              hygiene_seed=hygiene_seed, diagnose=level, benchmark_reference=benchmark_reference)
             result.oracle = oracle_note(reference)
+            diagnosed += result.diagnosis is not None
             if "timeout" in result.violations:
                 timed_out = case.index
             if save_failing and not result.passed and replayed is None:
@@ -496,11 +545,11 @@ def validate_against(defn: Definition, impl: Any, against: Any) -> None:
     fuseval's process), never a 'module:function' of the user's, and not the
     implementation under check itself."""
     if not isinstance(against, str) or against not in defn.implementations:
-        raise ValueError(f"against: expected one of the operator's own implementations "
+        raise UsageError(f"--against: expected one of the operator's own implementations "
                          f"({', '.join(defn.implementations)}), got {against!r}: what a verdict compares with "
                          "runs in fuseval's process, so it is never an implementation of the user's")
     if isinstance(impl, str) and impl == against:
-        raise ValueError(f"against: the implementation under check ({impl!r}) cannot be what it is compared with")
+        raise UsageError(f"--against: the implementation under check ({impl!r}) cannot be what it is compared with")
 
 
 def oracle_note(reference: Callable) -> str | None:

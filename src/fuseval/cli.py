@@ -27,6 +27,7 @@ COMMANDS = {
     "export": "export an operator as SOL-ExecBench definition.json / workload.jsonl",
     "bench": "benchmark implementations on the GPU (latency, floor, suite mean)",
     "budget": "per-stage error-budget report of an implementation",
+    "diagnose": "why a case fails: the anatomy of its error and the known mistake that explains it",
     "gate": "CI gate: check + properties + budget, JUnit XML and reports",
     "baseline": "save / compare regression baselines of error metrics and latency",
     "import": "import a SOL-ExecBench problem folder as an operator (and report its reference's margins)",

@@ -47,6 +47,13 @@ WATCHED: tuple[tuple[str, str], ...] = tuple(
                                       "nan_to_num", "tolist", "data_ptr", "untyped_storage", "equal")]
     + [("builtins", n) for n in ("abs", "all", "any", "float", "int", "max", "min", "sum", "len",
                                   "isinstance", "type")]
+    # the timer (fuseval.runner.clock binds these at import; rebinding them is reported)
+    + [("time", n) for n in ("perf_counter", "perf_counter_ns", "monotonic", "time")]
+    + [("torch.cuda", n) for n in ("synchronize", "Event", "Event.record", "Event.elapsed_time",
+                                    "Event.synchronize", "Event.query", "current_stream", "Stream")]
+    + [("fuseval.runner.clock", n) for n in ("run_timed", "refresh", "scale_of", "_watched", "_sync", "_tensors",
+                                             "_perf_counter", "_Random", "_cuda_synchronize", "_Event",
+                                             "_event_record", "_event_elapsed", "_tensor_copy", "_tensor_zero")]
 )
 
 

@@ -108,23 +108,29 @@ def isolates(impl: Any, isolate: bool) -> bool:
 _spare: list[Worker] = []
 
 
-def _take_spare() -> Worker | None:
-    while _spare:
-        w = _spare.pop()
+def _kind(device: str) -> str:
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def _take_spare(device: str) -> Worker | None:
+    """A spare started for a device of ``device``'s kind (a GPU worker's confinement lets
+    its driver write what it needs; a CPU worker's does not)."""
+    for w in [w for w in _spare if _kind(w.device) == _kind(device)]:
+        _spare.remove(w)
         if w.alive():
             return w
         w.kill()
     return None
 
 
-def _make_spare() -> None:
+def _make_spare(device: str) -> None:
     """Inside a ``session()``, start a process for the next implementation now, so that it
     has imported torch by the time it is needed (``FUSEVAL_SPARE_WORKER=0`` turns this
     off). Outside one there may be no next implementation (a check of one), and a spare
     would only cost its start (about 3 s of CPU)."""
     if _spare or _session_depth[0] == 0 or os.environ.get("FUSEVAL_SPARE_WORKER", "1") == "0":
         return
-    w = Worker(None, None, "cpu")
+    w = Worker(None, None, _kind(device))
     w.spawn()
     _spare.append(w)
 
@@ -145,14 +151,14 @@ def worker_for(impl: Any, defn: Any, device: str) -> Worker:
         w = _workers.get(key)
         if w is None:
             w = Worker(impl, defn, device)
-            w.start(_take_spare())
-            _make_spare()
+            w.start(_take_spare(device))
+            _make_spare(device)
             while len(_workers) >= _MAX_WORKERS:
                 _workers.pop(next(iter(_workers))).close()
             _workers[key] = w
         elif not w.alive():
-            w.start(_take_spare())
-            _make_spare()
+            w.start(_take_spare(device))
+            _make_spare(device)
         return w
 
 
@@ -164,8 +170,8 @@ def prespawn(impl: Any, defns: Sequence[Any], device: str) -> int:
     with _lock:
         need = sum(1 for d in defns if (w := _workers.get(_key(impl, d, device))) is None or not w.alive())
         spawned = 0
-        for _ in range(need - len(_spare)):
-            w = Worker(None, None, "cpu")
+        for _ in range(need - sum(1 for w in _spare if _kind(w.device) == _kind(device))):
+            w = Worker(None, None, _kind(device))
             w.spawn()
             _spare.append(w)
             spawned += 1

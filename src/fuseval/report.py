@@ -129,6 +129,10 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
     for c in report.cases:
         for msg in c.messages:
             out.print(f"case {c.case}: {msg}", markup=False, highlight=False)
+        # diagnosis hook (fuseval.diagnosis): the short form, the top findings per output
+        if getattr(c, "diagnosis", None) is not None:
+            for line in c.diagnosis.short_lines():
+                out.print(f"case {c.case}: {line}", markup=False, highlight=False)
         printed = getattr(c, "impl_output", "").strip()
         if printed and not c.passed:
             lines = printed.splitlines()

@@ -128,6 +128,7 @@ class _Worker:
         self.fn = self.staged = None
         self.kept: list[list[Any]] = []
         self.held: list[Any] | None = None
+        self.timed: list[Any] | None = None     # the outputs of the last timed run's calls
 
     def reply(self, obj: dict) -> None:
         self.conn.send_bytes(json.dumps(obj).encode())
@@ -245,6 +246,58 @@ class _Worker:
             torch.cuda.synchronize(dev)
         return changed
 
+    def time(self, req: dict) -> None:
+        """Time the implementation over rotating input sets (:mod:`fuseval.runner.clock`);
+        the timed calls' outputs are kept for :meth:`timed_outputs`."""
+        import torch
+        from . import integrity
+        from .runner import clock
+        from .runner.transport import open_inputs, recv_fds
+        fds = recv_fds(self.conn, int(req.get("nfds", 0)))
+        self.held = self.timed = None
+        shared = open_inputs(req["inputs"], fds)
+        self.held = shared
+        n, count = int(req["n_inputs"]), int(req["sets"])
+        sets = [shared[i * n:(i + 1) * n] for i in range(count)]
+        dev = torch.device(req["device"])
+        torch.set_num_threads(max(1, int(req.get("threads", 1))))
+        before = integrity.threads()
+        rules = {k: req[k] for k in ("warmup_ms", "rep_ms", "min_reps", "max_reps", "flush", "watched", "keep_bytes")}
+        failure, result = _guarded(lambda: clock.run_timed(self.fn, sets, req.get("activation"), int(req["seed"]),
+                                                           device=dev, **rules))
+        integ = {"tampered": integrity.changed(self.baseline), "threads": integrity.new_threads(before)}
+        if failure is not None:
+            failure.update(integ)
+            self.reply(failure)
+            return
+        numbers, kept = result
+        self.timed = kept
+        first = kept[0] if kept else ()
+        outs = [first] if isinstance(first, torch.Tensor) else list(first)[:64] if isinstance(first, (tuple, list)) \
+            else []
+        described = [_describe(o, req["device"], _tensor_spans(sets[0])) for o in outs]
+        self.reply({"status": "timed", **numbers, "outputs": described, **integ})
+
+    def timed_outputs(self, indices, payload, nfds) -> None:
+        """Copy the outputs of the timed calls at ``indices`` (in the order of the loop's
+        kept calls) into fuseval's buffers, then forget every kept output."""
+        import torch
+        bufs = self._open(payload, [], nfds)
+        kept, self.timed = self.timed or [], None
+        picked = []
+        for i in indices:
+            out = kept[i] if isinstance(i, int) and 0 <= i < len(kept) else None
+            picked += [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+        dev = torch.device("cuda") if any(getattr(b, "is_cuda", False) for b in bufs if b is not None) \
+            else torch.device("cpu")
+        changed = self._copy(bufs, picked, dev) if len(picked) == len(bufs) else ["count"]
+        del kept
+        if changed:
+            self.reply({"status": "bad", "error": "the timed calls' outputs do not match the first one's "
+                        "description (" + ", ".join(changed[:4]) + ")"})
+            return
+        self.reply({"status": "filled"})
+
     def recopy(self, payload, nfds) -> None:
         """Copy the outputs of every kept call of the case again (what each answer holds
         now), in order, then forget them."""
@@ -280,6 +333,7 @@ def child_main(conn, threads: int, plan) -> None:
     applied = confine.enter(plan)
     import torch
     import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
+    from .runner import clock  # noqa: F401 - binds the timer's functions before any implementation loads
     torch.set_num_threads(max(1, int(threads)))
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})
@@ -297,6 +351,10 @@ def child_main(conn, threads: int, plan) -> None:
             worker.call(msg[1])
         elif kind == "recopy":
             worker.recopy(*msg[1:])
+        elif kind == "time":
+            worker.time(msg[1])
+        elif kind == "timed_outputs":
+            worker.timed_outputs(*msg[1:])
         elif kind == "forget":
             worker.kept = []
         elif kind == "ping":

@@ -9,7 +9,13 @@ implementation on every case against the float64 oracle (fresh random inputs, Na
 allocator) in the same run. The GPU's SM clock and power are sampled while timing
 (nvidia-smi), and the report shows the clock of the ceilings and of each case.
 
-Without a CUDA device the command prints that it skipped and exits 0 (--require-gpu: exit 6).
+Every implementation runs and is timed in its own confined worker (fuseval.runner.clock); fuseval's
+process judges the numbers (fuseval.runner.timing): a timing below the floor, with a timed call's
+outputs not the operator's, with work outside the timed interval or a patched timer is refused
+and the command exits 19.
+
+Without a CUDA device the command prints that it skipped and exits 0 (--require-gpu: exit 6);
+--device cpu times on the CPU's perf_counter (for tests: no floor, no L2 flush).
 
 Example:
   fuseval bench --op nvfp4_qkv_rope --impls fast,torch,torch_cached --cases all --check --out out/
@@ -82,6 +88,11 @@ def run(args) -> int:
     if args.out:
         for path in write_outputs(report, args.out, plot=not args.no_plot):
             print(f"wrote {path}", file=sys.stderr)
+    refused = sorted({impl for c in report.cases for impl in c.refused})
+    if refused:
+        from ..errors import EXIT_TIMING_REFUSED
+        print(f"fuseval bench: timing refused for {', '.join(refused)} (see the lines above)", file=sys.stderr)
+        return EXIT_TIMING_REFUSED
     if args.check:
         # the verdict is the fast path's when it was timed (a baseline failing the
         # tolerance is a finding about the baseline), else every checked implementation's

@@ -28,6 +28,9 @@ def add_arguments(p) -> None:
     p.add_argument("--hygiene-seed", type=parse_seed, default=None,
                    help="the seed of the hygiene rules' later calls (default: drawn at random per case and "
                         "recorded in the JSON report; give it to replay a case's later calls exactly)")
+    p.add_argument("--no-diagnosis", action="store_true",
+                   help="do not diagnose failing cases (by default each failing case's error is dissected and "
+                        "the operator's known mistakes ranked on the first two; `fuseval diagnose` for one in full)")
     p.add_argument("--no-predict", action="store_true",
                    help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
 
@@ -42,10 +45,7 @@ def run(args) -> int:
     defn = operator_definition(args.op, args.config, args.cases)
     if args.impl == "reference":
         raise UsageError(f"--impl {reference_refusal(defn)}")
-    try:
-        validate_against(defn, args.impl, args.against)
-    except ValueError as exc:
-        raise UsageError(f"--{exc}") from None
+    validate_against(defn, args.impl, args.against)      # a UsageError naming --against
     writable_file(args.json, "--json")
     if args.save_failing:
         from . import writable_folder
@@ -56,7 +56,7 @@ def run(args) -> int:
                        progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
                        predict=not args.no_predict, isolate=False if args.in_process else None,
                        timeout=args.timeout, save_failing=args.save_failing, replay=args.replay,
-                       hygiene_seed=args.hygiene_seed)
+                       hygiene_seed=args.hygiene_seed, diagnose=not args.no_diagnosis)
     except ReplayFileError as exc:         # read once, by the check itself
         raise UsageError(f"--replay: {exc}") from None
     print_check_report(report)

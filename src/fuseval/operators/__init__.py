@@ -74,6 +74,9 @@ class OperatorSpec:
     mutants: str | None = None
     fast_options: str | None = None
     fast_parts: str | None = None
+    # ``"module:attr"`` of ``hints(bound_axes) -> fuseval.diagnosis.hints.Hints``: how the
+    # diagnosis names this operator's axes, their parts and tiles, and its input groups
+    diagnosis: str | None = None
     # the definition as JSON text, for operators that are not packages with data files
     # (an imported problem folder); None: read ``definition`` from the package
     definition_json: str | None = None

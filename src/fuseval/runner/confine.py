@@ -21,7 +21,8 @@ has inherits all of this:
 4. **a Landlock domain** (the ``landlockpy`` binding): files may be read and executed
    everywhere but written only in the worker's scratch folder, the compiler-cache folder,
    ``/dev/shm`` (CUDA IPC's reference counts live there) and a few device files (the
-   GPU's, ``/dev/null``...); no TCP bind or connect; signals and abstract UNIX sockets
+   GPU's, ``/dev/null``...), and, for a GPU worker, the files of its own ``/proc/<pid>``
+   folder (the CUDA driver writes there); no TCP bind or connect; signals and abstract UNIX sockets
    scoped to the domain; and, as Landlock always does, no ptrace of (nor reading the
    memory or file descriptors of) a process outside it;
 5. the scratch folder as working folder and ``TMPDIR``; compiler caches (Triton, CUDA,
@@ -83,6 +84,7 @@ class Plan:
     ``cache`` (compiler caches shared by fuseval's workers)."""
     scratch: str
     cache: str
+    gpu: bool = False       # the worker drives a GPU: the driver writes files of its own process
 
 
 @dataclass
@@ -241,7 +243,7 @@ def _seccomp(module) -> None:
     f.load()
 
 
-def _landlock(plan: Plan) -> int:
+def _landlock(plan: Plan, extra: tuple = ()) -> int:
     import landlockpy as ll
     abi = int(ll.abi_version())
     every = ll.fs_for_abi(abi)
@@ -256,6 +258,13 @@ def _landlock(plan: Plan) -> int:
             for path in glob.glob(pattern):
                 if not os.path.isdir(path):
                     rules.allow_path(path, device)
+        if plan.gpu:
+            # the CUDA driver opens files of its own process's /proc folder for writing
+            # (cudaGetDeviceCount fails with error 304 without); those files reach only
+            # this process, which the rest of the confinement already holds
+            rules.allow_path(f"/proc/{os.getpid()}", every)
+        for path, rights in extra:
+            rules.allow_path(path, rights)
         rules.restrict()
     return abi
 

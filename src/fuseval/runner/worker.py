@@ -25,7 +25,8 @@ __all__ = ["Worker", "CallResult", "MAX_REPLY_BYTES", "IDLE_CPU_SECONDS", "MAX_T
 MAX_REPLY_BYTES = 1 << 22
 # CPU seconds a worker may use between calls (an idle worker uses none) before the work
 # it kept doing after returning is a violation
-IDLE_CPU_SECONDS = 0.1
+IDLE_CPU_SECONDS = 0.25
+SETTLE_WINDOWS = 4                # windows of the end-of-case CPU watch a busy worker must fill
 # the most stage taps one call may hand back, and their total size beyond the call's
 # inputs and outputs
 MAX_TAPS = 64
@@ -49,6 +50,7 @@ class CallResult:
     where: str = ""                   # file:line of an exception
     error: str = ""
     output: str = ""                  # what the implementation printed during the call
+    timing: dict | None = None        # a timed run's numbers (Worker.time)
 
     @property
     def ok(self) -> bool:
@@ -143,7 +145,7 @@ class Worker:
         ctx = tmp.get_context("spawn")
         parent, child = ctx.Pipe(duplex=True)
         self.scratch = tempfile.mkdtemp(prefix="fuseval-worker-")
-        plan = confine.Plan(self.scratch, confine.cache_folder())
+        plan = confine.Plan(self.scratch, confine.cache_folder(), gpu=self.device.startswith("cuda"))
         proc = ctx.Process(target=child_main, args=(child, self.threads or torch.get_num_threads(), plan),
                            daemon=True, name="python")
         # the worker must not re-run the caller's main script (a script without a main guard
@@ -304,7 +306,9 @@ class Worker:
         if cpu is None:
             return None
         used, elapsed = cpu - self.idle_from[0], time.monotonic() - self.idle_from[1]
-        if used > IDLE_CPU_SECONDS:
+        # a worker that works while it waits fills most of the wait; what the release of
+        # the last call's memory costs stays well under it
+        if used > max(IDLE_CPU_SECONDS, 0.5 * elapsed):
             return (f"the implementation's process used {used:.2f} s of CPU in the {elapsed:.2f} s after its last "
                     "call returned: work left running (a thread, or a process) after it answered")
         return None
@@ -323,15 +327,22 @@ class Worker:
                 return "the implementation's process did not answer fuseval's ping after the case's last call"
         except (OSError, EOFError):
             return None
-        before, t0 = procs.cpu_seconds(self.pid), time.monotonic()
-        time.sleep(window)
-        after, elapsed = procs.cpu_seconds(self.pid), time.monotonic() - t0
+        # a spinning thread or process stays busy; the release of what a call left (the
+        # driver's, the allocator's) ends: only a worker busy in every window is named
+        readings = []
+        for _ in range(SETTLE_WINDOWS):
+            before, t0 = procs.cpu_seconds(self.pid), time.monotonic()
+            time.sleep(window)
+            after, elapsed = procs.cpu_seconds(self.pid), time.monotonic() - t0
+            if before is None or after is None:
+                break
+            readings.append((after - before, elapsed))
+            # /proc counts CPU time in clock ticks: two ticks is the least a reading can show
+            if after - before < max(0.5 * elapsed, 2.0 / procs.CLOCK_TICKS):
+                break
         self._end_children()
-        if before is None or after is None:
-            return None
-        used = after - before
-        # /proc counts CPU time in clock ticks: two ticks is the least a reading can show
-        if used >= max(0.5 * elapsed, 2.0 / procs.CLOCK_TICKS):
+        if len(readings) == SETTLE_WINDOWS and all(u >= max(0.5 * e, 2.0 / procs.CLOCK_TICKS) for u, e in readings):
+            used, elapsed = sum(u for u, _ in readings), sum(e for _, e in readings)
             return (f"the implementation's process kept using CPU after its last call returned ({used:.2f} s in "
                     f"{elapsed:.2f} s): a thread or process left working")
         return None
@@ -390,23 +401,7 @@ class Worker:
     def _answer(self, reply: dict, res: CallResult, expected, want_taps: bool, keep: bool,
                 deadline: float | None, n_inputs: int) -> None:
         """Read the call's reply into ``res`` and, when it has outputs, have them filled."""
-        res.status, res.seconds = str(reply.get("status")), float(reply.get("seconds") or 0.0)
-        self._integrity(reply, res)
-        status = res.status
-        if status == "timeout":
-            res.add("timeout", "the implementation did not return before the case's timeout; its process was killed")
-            return
-        if status in ("exited", "crashed"):
-            res.add(status, str(reply.get("error")))
-            return
-        if status == "raised":
-            res.error, res.where = str(reply.get("error"))[:4000], str(reply.get("where") or "")[:400]
-            res.add("out_of_memory" if reply.get("oom") else "raised",
-                    f"implementation raised: {res.error}" + (f" (at {res.where})" if res.where else ""))
-            return
-        if status != "ok":
-            res.status = "bad"
-            res.add("tampered", str(reply.get("error", "the worker's reply was not understood"))[:400])
+        if not self._status(reply, res, "ok"):
             return
         outs = reply.get("outputs") or []
         out_specs, placeholders = [], []
@@ -446,6 +441,92 @@ class Worker:
             res.add("bad_outputs", f"implementation returned {str(reply.get('type'))[:200]}, expected a tuple of "
                     f"{len(self.defn.outputs)} tensors ({', '.join(self.defn.output_names)})")
         res.taps = {n: b for n, b in zip(tap_names, filled[len(out_specs):]) if n is not None and b is not None}
+
+    def _status(self, reply: dict, res: CallResult, expected: str) -> bool:
+        """Read a reply's status and integrity report into ``res``; whether it is
+        ``expected`` (else the violation is recorded)."""
+        res.status, res.seconds = str(reply.get("status")), float(reply.get("seconds") or 0.0)
+        self._integrity(reply, res)
+        status = res.status
+        if status == "timeout":
+            res.add("timeout", "the implementation did not return before the case's timeout; its process was killed")
+        elif status in ("exited", "crashed"):
+            res.add(status, str(reply.get("error")))
+        elif status == "raised":
+            res.error, res.where = str(reply.get("error"))[:4000], str(reply.get("where") or "")[:400]
+            res.add("out_of_memory" if reply.get("oom") else "raised",
+                    f"implementation raised: {res.error}" + (f" (at {res.where})" if res.where else ""))
+        elif status != expected:
+            res.status = "bad"
+            res.add("tampered", str(reply.get("error", "the worker's reply was not understood"))[:400])
+        return status == expected
+
+    # ------------------------------------------------------------------ timing
+    def time(self, sets: Sequence[Sequence[Any]], activation: int | None, seed: int, rules: Mapping[str, Any], *,
+             deadline: float | None = None) -> CallResult:
+        """Time the implementation over the rotation ``sets`` (:func:`fuseval.runner.clock.run_timed`
+        in the worker). ``res.timing`` holds the loop's numbers (fuseval's to judge) and
+        ``res.outputs`` the description of one timed call's outputs, for :meth:`timed_outputs`."""
+        import torch
+        if not self.alive():
+            self.start()
+        res = CallResult("ok")
+        idle = self.idle_violation()
+        if idle:
+            res.add("lingering_thread", idle)
+        shared = transport.share_inputs([x for s in sets for x in s])
+        req = {"inputs": shared.payload, "nfds": len(shared.fds), "n_inputs": len(sets[0]), "sets": len(sets),
+               "activation": activation, "seed": int(seed), "device": self.device,
+               "threads": torch.get_num_threads(), **dict(rules)}
+        try:
+            try:
+                self._send(("time", req), shared.fds)
+            except (OSError, BrokenPipeError):
+                self.kill()
+                res.add("crashed", "the implementation's process was gone before the timed run")
+                return res
+            reply = self._receive(deadline)
+            if self._status(reply, res, "timed"):
+                res.status = "ok"
+                res.timing = {k: reply.get(k) for k in ("times_ms", "first_call", "warmup_calls", "kept", "loop_s",
+                                                        "watched", "empty", "sets", "output_bytes")}
+                res.outputs = reply.get("outputs") or []
+        finally:
+            if self.alive():
+                self._end_children(res)
+            self._verify(shared, res)
+            shared.close()
+            if self.alive():
+                self._mark_idle()
+            res.output = self.output.take() if self.output is not None else ""
+        return res
+
+    def timed_outputs(self, indices: Sequence[int], described: Sequence[Any], expected=None, *,
+                      deadline: float | None = None) -> tuple[list[list[Any]] | None, CallResult]:
+        """The outputs of the last timed run's calls at ``indices`` (kept calls, in loop
+        order), each as described by ``described`` (one timed call's description)."""
+        res = CallResult("ok")
+        limit = _limit(expected)
+        specs = []
+        for i, d in enumerate(list(described)[:64]):
+            spec, _ = self._spec(d, f"output {i}", res, limit)
+            specs.append(spec)
+        if res.violations or not self.alive():
+            return None, res
+        buffers = transport.output_buffers([s for _ in indices for s in specs], self.device)
+        try:
+            self._send(("timed_outputs", list(indices), buffers.payload, len(buffers.fds)), buffers.fds)
+            done = self._receive(deadline)
+            filled = transport.collect(buffers)
+        finally:
+            buffers.close()
+        if self.alive():
+            self._mark_idle()
+        if done.get("status") != "filled":
+            self.call_failed(done, res)
+            return None, res
+        n = len(specs)
+        return [filled[j * n:(j + 1) * n] for j in range(len(indices))], res
 
     def _verify(self, shared: transport.Shared, res: CallResult) -> None:
         """The call's inputs, as fuseval sees them after it: pages the worker wrote in a

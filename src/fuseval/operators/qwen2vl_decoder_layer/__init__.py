@@ -15,5 +15,6 @@ SPEC = OperatorSpec(
     cost_model=".reference:cost_model",
     properties=".properties:HOOKS",
     mutants=".mutants:catalogue",
+    diagnosis=".diagnosis:hints",
     fast_options=".fast:options",
 )

@@ -17,4 +17,5 @@ SPEC = OperatorSpec(
     bench_fast=None,
     properties=".properties:HOOKS",
     mutants=".mutants:catalogue",
+    diagnosis=".diagnosis:hints",
 )
