@@ -47,6 +47,7 @@ from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, 
                       poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
 from .inputs import TORCH_DTYPES, generate_inputs
+from .oracles import oracle_note, reference_refusal, side_oracles
 from .validate import bind_axes, check_outputs_shape
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
@@ -444,9 +445,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``timeout``: seconds each case may spend in the implementation (default
     ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
     timed out, the remaining cases are reported as timed out without being run.
-    ``blind_witness``: where an output is blind and no predictor ran, run the benchmark's
-    own reference too, to tell whether it shows the same (``BlindOutput.in_benchmark``;
-    the gate asks for it, the blind rule being the gate's).
+    ``blind_witness``: run the benchmark's own reference where an output is blind, to tell
+    whether it shows the same (``BlindOutput.in_benchmark``; the gate's rule asks for it).
     ``save_failing``: a folder; the inputs of every failing case are saved there
     (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
     case's messages name the file. ``replay``: such a file; the check runs that case on
@@ -480,12 +480,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     validate_selection(cases, len(defn.seed_cases))
     runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
     reference = operator.implementation(against)
-    predictor = None
-    if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
-            and (against, rules) != (SOL_REFERENCE, "sol"):
-        predictor = operator.implementation(SOL_REFERENCE)
-    benchmark_reference = operator.implementation(SOL_REFERENCE) \
-        if blind_witness and SOL_REFERENCE in defn.implementations else None
+    predictor, benchmark_reference = side_oracles(operator, impl, against, rules, predict, blind_witness)
     results = []
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
@@ -533,13 +528,6 @@ def validate_seed(seed: Any, what: str) -> int:
     return seed
 
 
-def reference_refusal(defn: Definition) -> str:
-    """Why 'reference' is not an implementation to check, naming the ones that are."""
-    others = [name for name in defn.implementations if name != "reference"]
-    return ("'reference' is the float64 oracle itself (its outputs are float64, unrounded); check another "
-            f"of {defn.name}'s implementations ({', '.join(others) or 'none'}) or 'module:function'")
-
-
 def validate_against(defn: Definition, impl: Any, against: Any) -> None:
     """``against`` names one of the operator's own implementations (fuseval's code, run in
     fuseval's process), never a 'module:function' of the user's, and not the
@@ -550,19 +538,6 @@ def validate_against(defn: Definition, impl: Any, against: Any) -> None:
                          "runs in fuseval's process, so it is never an implementation of the user's")
     if isinstance(impl, str) and impl == against:
         raise UsageError(f"--against: the implementation under check ({impl!r}) cannot be what it is compared with")
-
-
-def oracle_note(reference: Callable) -> str | None:
-    """Why the calls of ``reference`` since the last question were not the oracle they claim
-    to be, and forget it: an oracle says so in its ``oracle_notes`` (an imported problem's
-    reference that could not be lifted to float64 appends the lift's reason per call; the
-    comparison was then against the reference in its own precision). None: nothing said."""
-    notes = getattr(reference, "oracle_notes", None)
-    if not notes:
-        return None
-    said = "; ".join(dict.fromkeys(notes))
-    notes.clear()
-    return said
 
 
 def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,
