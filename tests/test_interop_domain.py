@@ -228,3 +228,18 @@ def test_list_shows_each_workloads_own_rtol(tmp_path, register, capsys):
     assert cli.main(["list", "--problem", folder, "--op", "test_listed"]) == 0
     out = capsys.readouterr().out
     assert "case  0: n=3  atol 1e-05 rtol 0.05" in out, out
+
+
+def test_an_implementation_out_of_memory_in_the_budget_is_exit_7(tmp_path, register, capsys, monkeypatch):
+    folder = _one_axis(tmp_path, "budget_oom", "    pass", [3, 12])
+    (tmp_path / "oom_kernels.py").write_text(
+        "def run(x):\n"
+        "    if x.shape[0] > 10:\n"
+        f"        {_OOM}\n"
+        "    return x * 2 + 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code = cli.main(["gate", "--problem", folder, "--impl", "oom_kernels:run", "--in-process", "--skip",
+                     "check,properties", "--budget-cases", "0,1", "--seeds", "1", "--out", str(tmp_path / "g"),
+                     "--quiet"])
+    out = capsys.readouterr().out
+    assert code == 7, out

@@ -193,6 +193,7 @@ def sweep_problem(folder: str, args, out: str, env: dict) -> Row:
         row.reference = "not run"
     if "gate" not in skip:
         row.gate_exit, row.seconds["gate"] = _run([*fuseval, "gate", *common, "--profile", args.profile, "--seeds", "1",
+                                                   "--budget-cases", row.workloads,
                                                    "--quiet", "--out", os.path.join(here, "gate")],
                                                   os.path.join(here, "gate.txt"), deadline, args.memory_gb, env)
         row.gate = verdict(row.gate_exit, finding=False)

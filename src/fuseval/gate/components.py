@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..errors import EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_NO_FLOAT64_ORACLE, EXIT_OK, exit_code_for
+from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_NO_FLOAT64_ORACLE, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                      exit_code_for)
 from .inputs import GateContext
 from .results import ComponentResult, TestResult
 
@@ -245,6 +246,10 @@ def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
     return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
 
 
+def _says_out_of_memory(message: str) -> bool:
+    return "raised" in message and ("can't allocate memory" in message or "out of memory" in message.lower())
+
+
 def budget_component(ctx: GateContext) -> ComponentResult:
     from ..budget import run_budget
     from ..stats import seed_values
@@ -275,6 +280,10 @@ def budget_component(ctx: GateContext) -> ComponentResult:
         for k, v in c.seconds.items():
             timings[k] = timings.get(k, 0.0) + v
     code = EXIT_OK if report.passed else EXIT_IMPL_RAISED if any(c.raised for c in report.cases) else EXIT_CHECK_FAILED
+    # an implementation that ran out of memory did not raise a verdict on itself: the size did
+    if code == EXIT_IMPL_RAISED and all(any(_says_out_of_memory(m) for m in c.messages)
+                                         for c in report.cases if c.raised):
+        code = EXIT_OUT_OF_MEMORY
     data = report.to_dict()
     if repeated:
         data["hygiene_left_to_check"] = {"seed": seed_values(ctx.seeds)[0], "cases": [c.case for c in report.cases]}
