@@ -243,3 +243,36 @@ def test_an_implementation_out_of_memory_in_the_budget_is_exit_7(tmp_path, regis
                      "--quiet"])
     out = capsys.readouterr().out
     assert code == 7, out
+
+
+def test_an_answer_that_does_not_depend_on_the_changed_inputs_is_no_cache(tmp_path, register, capsys):
+    # the weight w changes no output (a gradient independent of a weight): the later call
+    # with only the weights drawn anew answers identically, which is right, not cached
+    folder = write_problem(
+        tmp_path / "ignores_w", name="test_ignores_w",
+        axes={"n": {"type": "var"}, "h": {"type": "const", "value": 4}},
+        inputs={"x": tensor(["n", "h"], "float32"), "w": tensor(["h"], "float32")},
+        outputs={"y": tensor(["n", "h"], "float32")},
+        reference="""
+            def run(x, w):
+                return x * 2
+            """,
+        workloads=[workload({"n": 3}), workload({"n": 5})])
+    code = cli.main(["check", "--problem", folder, "--impl", "sol_reference", "--in-process", "--seed", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # a cache that ignores the activations is still one (their change moves the oracle)
+    (tmp_path / "cache_kernels.py").write_text(
+        "SEEN = []\n"
+        "def run(x, w):\n"
+        "    if not SEEN:\n"
+        "        SEEN.append(x * 2)\n"
+        "    return SEEN[0].clone() if SEEN[0].shape == x.shape else x * 2\n")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        code = cli.main(["check", "--problem", folder, "--impl", "cache_kernels:run", "--in-process", "--seed", "1",
+                         "--cases", "0"])
+    finally:
+        sys.path.remove(str(tmp_path))
+    assert code == 13, capsys.readouterr().out
