@@ -70,12 +70,14 @@ def register(monkeypatch, tmp_path):
     monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
     monkeypatch.setenv("FUSEVAL_SOLUTION_CACHE", str(tmp_path / "solutions"))
     added = []
+    # problems a command registers itself (cli.main with --problem or import) are forgotten too
+    before = set(operators.registry())
 
     def _register(directory):
         spec = operators.register_problem(directory)
         added.append(spec.name)
         return spec
     yield _register
-    for name in added:
+    for name in set(added) | (set(operators.registry()) - before):
         operators.registry().pop(name, None)
         _CACHE.pop(name, None)

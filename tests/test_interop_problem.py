@@ -13,7 +13,6 @@ import torch
 
 import fuseval
 from fuseval.interop import inputs as problem_inputs
-from fuseval.interop.problems import load_reference_module
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, TOLERANCE_DEFAULTS, ProblemError, read_problem
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
@@ -110,15 +109,14 @@ def test_workload_overriding_a_const_axis_is_refused(tmp_path):
 # --------------------------------------------------------------------------- inputs
 def test_generic_rules_by_name():
     p = read_problem(RMSNORM)
-    module = load_reference_module(p)
-    values = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=3)
+    values = problem_inputs.draw_inputs(p, p.workloads[1], seed=3)
     assert values["hidden_states"].dtype == torch.bfloat16 and values["hidden_states"].shape == (2, 8, 64)
     assert values["eps"] == 1e-6
     # 'weight' is one-dimensional: not a weight matrix, not a norm weight: plain randn
     assert not torch.all(values["weight"] == 1)
-    again = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=3)
+    again = problem_inputs.draw_inputs(p, p.workloads[1], seed=3)
     assert torch.equal(values["hidden_states"], again["hidden_states"])
-    other = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=4)
+    other = problem_inputs.draw_inputs(p, p.workloads[1], seed=4)
     assert not torch.equal(values["hidden_states"], other["hidden_states"])
 
 
@@ -144,18 +142,17 @@ def test_generic_rules_table(tmp_path, name, shape, check):
     workload = {"uuid": "u", "axes": {}, "inputs": {name: {"type": "random"}}}
     (tmp_path / "workload.jsonl").write_text(json.dumps(workload) + "\n")
     p = read_problem(str(tmp_path))
-    value = problem_inputs.draw_inputs(p, load_reference_module(p), p.workloads[0], seed=0)[name]
+    value = problem_inputs.draw_inputs(p, p.workloads[0], seed=0)[name]
     assert value.shape == shape and check(value), value
 
 
 def test_custom_entry_point_is_used_and_seeded():
     p = read_problem(GEMM)
-    module = load_reference_module(p)
     state = torch.random.get_rng_state()
-    a = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=0)
+    a = problem_inputs.draw_inputs(p, p.workloads[1], seed=0)
     assert torch.equal(torch.random.get_rng_state(), state)          # the global generator is restored
-    b = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=0)
-    c = problem_inputs.draw_inputs(p, module, p.workloads[1], seed=1)
+    b = problem_inputs.draw_inputs(p, p.workloads[1], seed=0)
+    c = problem_inputs.draw_inputs(p, p.workloads[1], seed=1)
     assert a["A"].shape == (7, 32) and a["B"].shape == (16, 32)
     # the problem's generator draws multiples of 1/8 in [-0.5, 0.5]: not the generic randn
     assert torch.all((a["A"] * 8).round() == a["A"] * 8) and float(a["A"].abs().max()) <= 0.5
@@ -170,7 +167,7 @@ def test_custom_entry_point_missing_an_input_is_named(tmp_path):
     (folder / "definition.json").write_text(json.dumps(d))
     p = read_problem(str(folder))
     with pytest.raises(ProblemError, match=r"did not return the custom inputs \['B'\]"):
-        problem_inputs.draw_inputs(p, load_reference_module(p), p.workloads[0], seed=0)
+        problem_inputs.draw_inputs(p, p.workloads[0], seed=0)
 
 
 # --------------------------------------------------------------------------- as an operator

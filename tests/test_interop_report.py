@@ -79,7 +79,7 @@ def _run(module, argv):
 
 
 def test_import_command_prints_the_problem_warnings_and_lift(capsys):
-    code = _run(import_problem, [os.path.join(DATA, "misspelled_ratio")])
+    code = _run(import_problem, [os.path.join(DATA, "misspelled_ratio"), "--lift"])
     out, err = capsys.readouterr()
     assert code == 0
     assert "problem test_misspelled_ratio" in out and "input x: bfloat16 [tokens, hidden]" in out

@@ -47,11 +47,12 @@ from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, 
                       poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
 from .inputs import TORCH_DTYPES, generate_inputs
+from .oracles import oracle_note, reference_refusal, side_oracles
 from .validate import bind_axes, check_outputs_shape
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
-           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS"]
+           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS", "oracle_note"]
 
 # what the benchmark compares against: the implementation name of its reference
 SOL_REFERENCE = "sol_reference"
@@ -111,6 +112,9 @@ class CaseResult:
     timings: dict[str, float] = field(default_factory=dict)
     # the outputs on which this case's tolerance is blind (comparison.blind_outputs)
     blind: list[BlindOutput] = field(default_factory=list)
+    # None: compared with the oracle the check names; else why the oracle was the reference
+    # in its own precision (an imported problem's reference that could not be lifted)
+    oracle: str | None = None
     hygiene_seed: int | None = None   # the seed of the later calls' inputs (drawn at random)
     impl_output: str = ""           # what the implementation printed during the first call (its tail)
     # why a failing case failed (fuseval.diagnosis.Diagnosis; None: passed or not diagnosed)
@@ -150,7 +154,8 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
              mode: str = "benchmark", reference: Callable | None = None,
              inputs: Sequence[Any] | None = None, hygiene: bool = True, rules: str = "fuseval",
              predictor: Callable | None = None, timeout: float | None = None,
-             hygiene_seed: int | None = None, diagnose: str | None = None) -> CaseResult:
+             hygiene_seed: int | None = None, diagnose: str | None = None,
+             benchmark_reference: Callable | None = None) -> CaseResult:
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
     ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
@@ -164,7 +169,9 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
     ``diagnose``: when an output fails, say why (:mod:`fuseval.diagnosis`): "anatomy" (reads
     the outputs only), "mutants" (also ranks the operator's known mistakes on these inputs)
     or "full" (also calls the implementation again with one input group drawn anew; runs for
-    a passing case too: it was asked for)."""
+    a passing case too: it was asked for).
+    ``benchmark_reference``: run where an output is blind and no ``predictor`` ran, to tell
+    whether the benchmark's own reference shows the same (``BlindOutput.in_benchmark``)."""
     runner = impl if hasattr(impl, "call") and hasattr(impl, "recheck_kept") else \
         Local(impl, device, input_names=defn.input_names)
     reference = reference or _ops.resolve_impl(defn, "reference")
@@ -186,7 +193,11 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
         sync(device)
         oracle_seconds = time.perf_counter() - t0
         sol_refs = as_tuple(predictor(*inputs)) if predictor is not None else None
-    blind = blind_outputs(case.index, refs, defn.outputs, tol)
+    blind = blind_outputs(case.index, refs, defn.outputs, tol, sol_refs)
+    if blind and sol_refs is None and benchmark_reference is not None:
+        # whether the benchmark's own reference shows the same blindness (run only here)
+        with clock("oracle"):
+            blind = blind_outputs(case.index, refs, defn.outputs, tol, as_tuple(benchmark_reference(*inputs)))
 
     deadline = _deadline(timeout)
     with clock("impl"):
@@ -333,6 +344,17 @@ class CheckReport:
         return [b for c in self.cases for b in c.blind]
 
     @property
+    def oracle_notes(self) -> list[str]:
+        """Why cases were judged against the reference in its own precision (one line each
+        distinct reason, naming the cases), when the check was against the float64 oracle."""
+        by_note: dict[str, list[int]] = {}
+        for c in self.cases:
+            if c.oracle:
+                by_note.setdefault(c.oracle, []).append(c.case)
+        return [f"the reference in its own precision on case(s) {', '.join(map(str, cases))}, because {note}"
+                for note, cases in by_note.items()]
+
+    @property
     def predicted_passed(self) -> bool | None:
         """The benchmark's predicted verdict over all cases (None: not predicted)."""
         preds = [c.predicted for c in self.cases]
@@ -346,6 +368,7 @@ class CheckReport:
         d["predicted_passed"] = self.predicted_passed
         d["timings"] = self.timings
         d["blind"] = [asdict(b) for b in self.blind]
+        d["oracle_notes"] = self.oracle_notes
         return d
 
     def rows(self) -> list[dict[str, Any]]:
@@ -397,7 +420,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
           seed: int | None = None, mode: str = "benchmark", hygiene: bool = True,
           progress: Callable[[CaseResult, int, int], None] | None = None,
           variant: str | None = None, against: str = "reference", rules: str = "fuseval",
-          predict: bool = True, isolate: bool | None = None, timeout: float | None = None,
+          predict: bool = True, isolate: bool | None = None, timeout: float | None = None, blind_witness: bool = False,
           save_failing: str | None = None, replay: str | None = None,
           hygiene_seed: int | None = None, diagnose: bool | str = True) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
@@ -422,6 +445,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``timeout``: seconds each case may spend in the implementation (default
     ``isolation.DEFAULT_TIMEOUT``; 0 or None with ``isolate=False``: none); once a case
     timed out, the remaining cases are reported as timed out without being run.
+    ``blind_witness``: run the benchmark's own reference where an output is blind, to tell
+    whether it shows the same (``BlindOutput.in_benchmark``; the gate's rule asks for it).
     ``save_failing``: a folder; the inputs of every failing case are saved there
     (:func:`fuseval.inputs.save_inputs`, with the case, seed, mode and device) and the
     case's messages name the file. ``replay``: such a file; the check runs that case on
@@ -445,8 +470,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     defn = operator.definition
     validate_against(defn, impl, against)
     if impl == "reference":
-        raise ValueError("'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
-                         "check 'reference_fp32' for the float32 reference, or another implementation")
+        raise ValueError(reference_refusal(defn))
     dev = resolve_device(device)
     replayed = None
     if replay is not None:
@@ -456,10 +480,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     validate_selection(cases, len(defn.seed_cases))
     runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
     reference = operator.implementation(against)
-    predictor = None
-    if predict and SOL_REFERENCE in defn.implementations and impl != SOL_REFERENCE \
-            and (against, rules) != (SOL_REFERENCE, "sol"):
-        predictor = operator.implementation(SOL_REFERENCE)
+    predictor, benchmark_reference = side_oracles(operator, impl, against, rules, predict, blind_witness)
     results = []
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
@@ -474,9 +495,11 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
         else:
             level = diagnose if isinstance(diagnose, str) else None if not diagnose else \
                 ("mutants" if diagnosed < DIAGNOSE_MUTANT_CASES else "anatomy")
+            oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
                               inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout,
-                              hygiene_seed=hygiene_seed, diagnose=level)
+                              hygiene_seed=hygiene_seed, diagnose=level, benchmark_reference=benchmark_reference)
+            result.oracle = oracle_note(reference)
             diagnosed += result.diagnosis is not None
             if "timeout" in result.violations:
                 timed_out = case.index

@@ -31,6 +31,7 @@ COMMANDS = {
     "gate": "CI gate: check + properties + budget, JUnit XML and reports",
     "baseline": "save / compare regression baselines of error metrics and latency",
     "import": "import a SOL-ExecBench problem folder as an operator (and report its reference's margins)",
+    "sweep": "run import, the benchmark reference's check and the gate over many problem folders: one table",
     "crosscheck": "cross-check a built-in operator's oracle against a SOL-ExecBench problem's reference",
 }
 # a command whose module name differs from its name ("import" is a Python keyword)
@@ -133,8 +134,10 @@ def main(argv=None) -> int:
         if is_out_of_memory(exc):
             if os.environ.get("FUSEVAL_DEBUG"):
                 traceback.print_exc()
-            print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} "
-                  "(try a smaller --config or fewer --cases)", file=sys.stderr)
+            hint = ("fewer or smaller --cases: a problem folder's sizes are its workloads"
+                    if getattr(args, "problems", None) or args.command in ("import", "sweep")
+                    else "try a smaller --config or fewer --cases")
+            print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} ({hint})", file=sys.stderr)
             return EXIT_OUT_OF_MEMORY
         return _internal(args, exc)
 

@@ -244,11 +244,20 @@ class BlindOutput:
     output: str
     rms: float
     atol: float
+    # the RMS of the benchmark's own reference's output (None: not run); where it is as
+    # small, the blindness is the problem's (its tolerance against its own outputs)
+    benchmark_rms: float | None = None
+
+    @property
+    def in_benchmark(self) -> bool:
+        """Whether the benchmark's own reference shows the same blindness."""
+        return self.benchmark_rms is not None and self.atol >= BLIND_FRACTION * self.benchmark_rms
 
     def describe(self) -> str:
         return (f"case {self.case}: the tolerance is blind on {self.output}: atol {self.atol:g} >= "
                 f"{BLIND_FRACTION:g} x its RMS {self.rms:.3g}, so an error of {BLIND_FRACTION:.0%} of the "
-                "output's size passes every element")
+                "output's size passes every element"
+                + (" (the benchmark's own reference shows the same)" if self.in_benchmark else ""))
 
 
 def rms(t: torch.Tensor) -> float:
@@ -260,13 +269,16 @@ def rms(t: torch.Tensor) -> float:
 
 
 def blind_outputs(case: int, refs: Sequence[torch.Tensor], specs: Sequence[TensorSpec],
-                  tol: Tolerance) -> list[BlindOutput]:
-    """The outputs of one case (the oracle's ``refs``) on which ``tol`` is blind."""
+                  tol: Tolerance, benchmark_refs: Sequence[Any] | None = None) -> list[BlindOutput]:
+    """The outputs of one case (the oracle's ``refs``) on which ``tol`` is blind, each
+    with the RMS of the benchmark's own reference's output (``benchmark_refs``) where given."""
     found = []
-    for spec, ref in zip(specs, refs):
+    for i, (spec, ref) in enumerate(zip(specs, refs)):
         if not isinstance(ref, torch.Tensor):
             continue
         size = rms(ref)
         if tol.atol >= BLIND_FRACTION * size:
-            found.append(BlindOutput(case, spec.name, size, float(tol.atol)))
+            theirs = benchmark_refs[i] if benchmark_refs is not None and i < len(benchmark_refs) else None
+            found.append(BlindOutput(case, spec.name, size, float(tol.atol),
+                                     rms(theirs) if isinstance(theirs, torch.Tensor) else None))
     return found

@@ -27,6 +27,7 @@ EXIT_REGRESSION = 14           # baseline compare found a regression
 EXIT_TIMEOUT = 15              # the implementation did not return within the case's timeout
 EXIT_IMPL_DIED = 16            # the implementation ended its process: sys.exit, os._exit, a crash, a signal
 EXIT_TAMPERED = 17             # the implementation patched the functions a verdict relies on, or left threads running
+EXIT_NO_FLOAT64_ORACLE = 18    # a float64 verdict was asked for, but the oracle was the reference in its own precision
 EXIT_TIMING_REFUSED = 19       # bench: a timing was refused (below the floor, a replayed output, unwatched work...)
 EXIT_INTERNAL = 70             # a bug in fuseval itself
 EXIT_BROKEN_PIPE = 141         # stdout was closed by its reader (`fuseval list | head`); the shell's code for SIGPIPE

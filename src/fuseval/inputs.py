@@ -43,7 +43,7 @@ from . import operators
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
-__all__ = ["generate_inputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "INTEGER_RANGES",
+__all__ = ["generate_inputs", "DrawnInputs", "draw_inputs", "generic_benchmark_inputs", "TORCH_DTYPES", "INTEGER_RANGES",
            "exact_dtype", "dtype_rule", "input_generator",
            "positions_to_cos_sin", "save_inputs", "load_inputs"]
 
@@ -242,11 +242,21 @@ def draw_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
             for n in wanted}
 
 
+class DrawnInputs(list):
+    """Inputs in definition order, with the binding of the var axes they were drawn for
+    (``axes``): :func:`fuseval.validate.bind_axes` reads from it the axes no input's shape
+    shows (one that sizes only an output, or is passed as a plain number)."""
+
+    def __init__(self, values, axes: Mapping[str, int]):
+        super().__init__(values)
+        self.axes = dict(axes)
+
+
 def generate_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
-                    mode: str = "benchmark", device: str | torch.device = "cpu") -> list[Any]:
+                    mode: str = "benchmark", device: str | torch.device = "cpu") -> DrawnInputs:
     """Inputs in definition order for one binding of the var axes (see :func:`draw_inputs`)."""
     values = draw_inputs(defn, var_axes, seed=seed, mode=mode, device=device)
-    return [values[name] for name in defn.input_names]
+    return DrawnInputs([values[name] for name in defn.input_names], var_axes)
 
 
 def save_inputs(path: str, defn: Definition, inputs: list[Any], **meta: Any) -> str:

@@ -46,13 +46,22 @@ def case_progress(stream: TextIO = sys.stderr):
     return report
 
 
-def tolerance_rule(t: dict, atols: list[float] | None = None) -> str:
-    """A tolerance as one line; ``atols``: the cases' own atol values when they differ."""
-    lo, hi = (min(atols), max(atols)) if atols else (t["atol"], t["atol"])
-    atol = f"{lo}" if lo == hi else f"atol per case ({lo}-{hi})"
-    rule = f"|out-ref| <= {atol} + {t['rtol']}*|ref|, matched >= {t['min_matched_ratio']:.0%}"
-    if t.get("max_abs_error") is not None:
-        rule += f", max abs <= {t['max_abs_error']}"
+def _span(values: list, fmt) -> str:
+    lo, hi = min(values), max(values)
+    return fmt(lo) if lo == hi else f"{fmt(lo)}-{fmt(hi)} per case"
+
+
+def tolerance_rule(t: dict, cases: list[dict] | None = None) -> str:
+    """A tolerance as one line; ``cases``: the cases' own tolerances (an imported problem's
+    workloads give one each), shown as ranges where they differ."""
+    tols = [c for c in (cases or []) if c] or [t]
+    atol = _span([c["atol"] for c in tols], str)
+    rtol = _span([c["rtol"] for c in tols], str)
+    ratio = _span([c["min_matched_ratio"] for c in tols], lambda r: f"{r:.0%}" if r * 100 == int(r * 100) else f"{r:.2%}")
+    rule = f"|out-ref| <= {atol} + {rtol}*|ref|, matched >= {ratio}"
+    caps = [c["max_abs_error"] for c in tols if c.get("max_abs_error") is not None]
+    if caps:
+        rule += f", max abs <= {_span(caps, str)}"
     return rule
 
 
@@ -61,7 +70,7 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
 
     from .definitions import load
     t = report.tolerance
-    rule = tolerance_rule(t, [c.tolerance["atol"] for c in report.cases if c.tolerance])
+    rule = tolerance_rule(t, [c.tolerance for c in report.cases])
     note = load(report.op).raw.get("tolerance", {}).get("note", "")
     if "required_match_ratio" in note:
         rule += " (the benchmark's workload file says 0.98 under a key its evaluator ignores: 0.99 applies)"
@@ -80,6 +89,7 @@ def print_check_report(report, stream: TextIO | None = None) -> None:
         header.append(f"implementation worker: {report.confinement}")
     if predicting:
         header.append("predicted benchmark verdict: against sol_reference, sol rules")
+    header += [f"oracle: {note}" for note in report.oracle_notes]
     table = Table()
     bounded = any(m.error_ratio is not None for c in report.cases for m in c.outputs)
     cols = ["case", "axes", "output", "max abs", "rel L2"] + (["worst/allow", "RMS/allow"] if bounded else []) \

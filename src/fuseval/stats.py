@@ -201,9 +201,10 @@ class StatsReport:
     @property
     def blind(self) -> list[dict[str, Any]]:
         """The outputs whose tolerance cannot see an error of 10% of their RMS, per seed:
-        {seed, case, output, rms, atol} (from each seed's ``CheckReport.blind``)."""
-        return [{"seed": rep.seed, "case": b.case, "output": b.output, "rms": b.rms, "atol": b.atol}
-                for rep in self.reports for b in rep.blind]
+        {seed, case, output, rms, atol, in_benchmark} (from each seed's ``CheckReport.blind``;
+        ``in_benchmark``: the benchmark's own reference shows the same)."""
+        return [{"seed": rep.seed, "case": b.case, "output": b.output, "rms": b.rms, "atol": b.atol,
+                 "in_benchmark": b.in_benchmark} for rep in self.reports for b in rep.blind]
 
     def warnings(self) -> list[MetricStats]:
         return [m for m in self.metrics if m.verdict == "warn"]
@@ -294,7 +295,7 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
                      mode: str = "benchmark", hygiene: str | bool = "first",
                      warn_margin: float = DEFAULT_WARN_MARGIN, extra_seed_cases=None,
                      progress: Callable[..., None] | None = None, isolate: bool | None = None,
-                     timeout: float | None = None) -> StatsReport:
+                     timeout: float | None = None, blind_witness: bool = False) -> StatsReport:
     """Run :func:`fuseval.check.check` once per seed and judge the distribution.
 
     ``seeds``: a count (``seed_list(n)``) or explicit seeds. ``hygiene``: True (every seed),
@@ -304,7 +305,8 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
     CPU gate repeats the small cases, whose matched ratio over few elements varies most,
     and leaves the slow large ones to the first seed.
     ``progress(seed, result, done, total)`` is called after every case. ``isolate`` and
-    ``timeout``: as in :func:`fuseval.check.check` (one worker serves every seed)."""
+    ``timeout`` and ``blind_witness``: as in :func:`fuseval.check.check` (one worker serves
+    every seed)."""
     from .check import check
     seeds = seed_values(seeds)
     if not seeds:
@@ -317,5 +319,6 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
         use_hygiene = bool(hygiene) if hygiene != "first" else k == 0
         selection = cases if k == 0 or extra_seed_cases is None else extra_seed_cases
         reports.append(check(op, impl, config=config, cases=selection, device=device, seed=s, mode=mode,
-                             hygiene=use_hygiene, progress=cb, isolate=isolate, timeout=timeout))
+                             hygiene=use_hygiene, progress=cb, isolate=isolate, timeout=timeout,
+                             blind_witness=blind_witness))
     return stats_from_reports(reports, warn_margin=warn_margin)

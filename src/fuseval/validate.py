@@ -8,54 +8,64 @@ was expected and what was given.
 """
 from __future__ import annotations
 
-import ast
+import functools
 import math
 from collections import Counter
 from typing import Any, Mapping, Sequence
 
 import torch
 
+from .axis_equations import AxisUndetermined, Equation, names_in, solve
 from .definitions import Definition, evaluate_expression
 from .inputs import TORCH_DTYPES
 
-__all__ = ["bind_axes", "check_outputs_shape"]
+__all__ = ["bind_axes", "check_outputs_shape", "ACCEPTED_DTYPES", "storage_views", "accepts_benchmark_dtypes"]
+
+# definition dtype -> the torch dtypes an input of it may arrive in: fuseval's storage
+# (TORCH_DTYPES, first) and the benchmark's (packed FP4 as torch.float4_e2m1fn_x2, the bytes
+# the evaluator hands; same layout, two e2m1 codes a byte)
+ACCEPTED_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "float4_e2m1fn_x2": (torch.uint8,) + ((torch.float4_e2m1fn_x2,) if hasattr(torch, "float4_e2m1fn_x2") else ()),
+}
 
 # dtypes whose non-finite values are legal input (an e4m3 NaN scale code is a value of the format)
 _NONFINITE_ALLOWED = {"float8_e4m3fn", "float4_e2m1fn_x2"}
 
 
-def _solve(expression: str, target: int, bound: Mapping[str, int]) -> tuple[str, int] | None:
-    """Solve ``expression == target`` for its single unbound name when the expression
-    is a product or floor-quotient of names and constants (e.g. num_heads * head_dim)."""
-    tree = ast.parse(expression, mode="eval").body
-    names = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
-    unknown = [n for n in set(names) if n not in bound]
-    if len(unknown) != 1 or names.count(unknown[0]) != 1:
-        return None
-    x = unknown[0]
-    if isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.Mult):
-        other = tree.right if isinstance(tree.left, ast.Name) and tree.left.id == x else tree.left
-        if not (isinstance(tree.left, ast.Name) and tree.left.id == x) and not (
-                isinstance(tree.right, ast.Name) and tree.right.id == x):
-            return None
-        k = evaluate_expression(ast.unparse(other), bound)
-        if k == 0 or target % k:
-            return None
-        return x, target // k
-    if isinstance(tree, ast.BinOp) and isinstance(tree.op, ast.FloorDiv) and \
-            isinstance(tree.left, ast.Name) and tree.left.id == x:
-        k = evaluate_expression(ast.unparse(tree.right), bound)
-        return x, target * k
-    return None
+_FP4 = getattr(torch, "float4_e2m1fn_x2", None)
+
+
+def storage_views(values: Sequence[Any]) -> list[Any]:
+    """``values`` in fuseval's storage dtypes: a tensor of ``torch.float4_e2m1fn_x2`` (how
+    the benchmark hands packed FP4) viewed as its uint8 bytes, the layout fuseval's code
+    reads (the same memory, no copy); every other value as given."""
+    return [v.view(torch.uint8) if _FP4 is not None and isinstance(v, torch.Tensor) and v.dtype == _FP4 else v
+            for v in values]
+
+
+def accepts_benchmark_dtypes(fn):
+    """Decorator: ``fn`` (an implementation taking the inputs in definition order) takes
+    them in the benchmark's dtypes too (:func:`storage_views` on its positional and keyword
+    arguments); attributes set on the result (``.staged``) stay on it."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*storage_views(args), **dict(zip(kwargs, storage_views(list(kwargs.values())))))
+    return wrapper
 
 
 def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = True,
-              expect_consts: bool = False) -> dict[str, int]:
+              expect_consts: bool = False, known: Mapping[str, int] | None = None) -> dict[str, int]:
     """Validate ``inputs`` (definition order) and return the full axis binding.
 
     ``expect_consts``: also require the const axes to equal the definition's (the
-    configuration named by ``defn.config``); otherwise they are read off the shapes.
-    ``check_values``: reject NaN/Inf in float inputs where the format does not allow them."""
+    configuration named by ``defn.config``); otherwise they are read off the shapes, and
+    a const axis the shapes leave open takes the definition's value.
+    ``check_values``: reject NaN/Inf in float inputs where the format does not allow them.
+    ``known``: var axes the caller knows (the binding the inputs were drawn for; default:
+    ``inputs.axes`` of a :class:`fuseval.inputs.DrawnInputs`), used only for the axes the
+    shapes do not determine, such as one that sizes only an output.
+    An input may be of its dtype's storage in fuseval or in the benchmark
+    (:data:`ACCEPTED_DTYPES`: packed FP4 as uint8 or ``torch.float4_e2m1fn_x2``)."""
     if len(inputs) != len(defn.inputs):
         raise ValueError(f"{defn.name}: expected {len(defn.inputs)} inputs "
                          f"({', '.join(defn.input_names)}), got {len(inputs)}")
@@ -63,6 +73,8 @@ def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = T
     first_seen: dict[str, str] = {k: f"the {defn.config} configuration" for k in bound}
     exprs = {a.name: a.expression for a in defn.axes.values() if a.kind == "expr"}
     pending: list[tuple[str, int, str]] = []   # (expression axis, observed, input name)
+    if known is None:
+        known = getattr(inputs, "axes", None) or {}
     device = None
 
     for spec, value in zip(defn.inputs, inputs):
@@ -81,10 +93,10 @@ def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = T
         if not isinstance(value, torch.Tensor):
             raise ValueError(f"{defn.name}: input {spec.name!r} must be a torch.Tensor "
                              f"of dtype {spec.dtype}, got {type(value).__name__}")
-        want = TORCH_DTYPES[spec.dtype]
-        if value.dtype != want:
-            raise ValueError(f"{defn.name}: input {spec.name!r} must have dtype {want} "
-                             f"({spec.dtype}), got {value.dtype}")
+        accepted = ACCEPTED_DTYPES.get(spec.dtype, (TORCH_DTYPES[spec.dtype],))
+        if value.dtype not in accepted:
+            raise ValueError(f"{defn.name}: input {spec.name!r} must have dtype "
+                             f"{' or '.join(map(str, accepted))} ({spec.dtype}), got {value.dtype}")
         if device is None:
             device, device_from = value.device, spec.name
         elif value.device != device:
@@ -110,39 +122,45 @@ def bind_axes(defn: Definition, inputs: Sequence[Any], *, check_values: bool = T
                 raise ValueError(f"{defn.name}: input {spec.name!r} must be finite, "
                                  f"got {n} NaN/Inf element(s)")
 
-    # expression axes: solve for const axes that appear only inside expressions, then check.
-    # Solve from the value most inputs agree on (e.g. qkv_dim seen by q_proj_weight, q_proj_bias
-    # and o_proj_weight), so the error below names the odd input out, not its neighbours.
-    votes = Counter((axis, observed) for axis, observed, _ in pending)
-    solve_order = sorted(pending, key=lambda p: -votes[(p[0], p[1])])
-    progress = True
-    while progress:
-        progress = False
-        for axis, observed, name in solve_order:
-            if axis not in bound:
-                try:
-                    bound[axis] = int(evaluate_expression(exprs[axis], bound))
-                    progress = True
-                except KeyError:
-                    solved = _solve(exprs[axis], observed, bound)
-                    if solved:
-                        bound[solved[0]] = solved[1]
-                        first_seen.setdefault(solved[0], repr(name))
-                        progress = True
-    for axis, observed, name in pending:
-        if axis not in bound:
-            raise ValueError(f"{defn.name}: cannot infer axis {axis!r} = {exprs[axis]} from input {name!r}")
-        if bound[axis] != observed:
-            raise ValueError(
-                f"{defn.name}: input {name!r} has {axis} = {observed}, expected "
-                f"{exprs[axis]} = {bound[axis]} (with "
-                + ", ".join(f"{n}={bound[n]}" for n in sorted(bound) if n in exprs[axis]) + ")")
+    _bind_expressions(defn, bound, pending, known)
     _complete(defn, bound)
     missing = [a for a in defn.axes if a not in bound]
     if missing:
         raise ValueError(f"{defn.name}: axes {missing} cannot be read off the inputs")
     defn.check_constraints(bound)
     return bound
+
+
+def _bind_expressions(defn: Definition, bound: dict[str, int], pending: list[tuple[str, int, str]],
+                      known: Mapping[str, int]) -> None:
+    """Bind the axes the expression-named dimensions determine and check every one of them.
+
+    Each expression axis takes the value most of its inputs show (so the error names the odd
+    input out, not its neighbours: e.g. qkv_dim seen by q_proj_weight, q_proj_bias and
+    o_proj_weight); each observation is an equation (:mod:`fuseval.axis_equations`), solved
+    with the definition's const values and the ``known`` var axes where the shapes leave an
+    axis open."""
+    exprs = {a.name: a.expression for a in defn.axes.values() if a.kind == "expr"}
+    votes = Counter((axis, observed) for axis, observed, _ in pending)
+    for (axis, observed), _ in sorted(votes.items(), key=lambda kv: -kv[1]):
+        bound.setdefault(axis, observed)
+    sources = {axis: name for axis, observed, name in reversed(pending) if bound[axis] == observed}
+    equations = [Equation(exprs[axis], bound[axis], sources[axis]) for axis in dict.fromkeys(a for a, _, _ in pending)]
+    given = {a.name: int(a.value) for a in defn.axes.values() if a.kind == "const"}
+    given.update({k: int(v) for k, v in known.items() if k in defn.axes and defn.axes[k].kind == "var"})
+    unobserved = {a: e for a, e in exprs.items() if a not in bound}
+    try:
+        solve(equations, bound, given, unobserved)
+    except AxisUndetermined as exc:
+        raise ValueError(f"{defn.name}: {exc}") from None
+    for axis, observed, name in pending:
+        value = int(evaluate_expression(exprs[axis], bound))
+        if observed != bound[axis] or value != observed:
+            shown = bound[axis] if observed != bound[axis] else value
+            raise ValueError(
+                f"{defn.name}: input {name!r} has {axis} = {observed}, expected "
+                f"{exprs[axis]} = {shown} (with "
+                + ", ".join(f"{n}={bound[n]}" for n in sorted(names_in(exprs[axis]))) + ")")
 
 
 def _complete(defn: Definition, bound: dict[str, int]) -> None:

@@ -36,16 +36,16 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from ..check import ReplayFileError, check
-    from ..errors import UsageError, exit_code_for
+    from ..check import ReplayFileError, check, reference_refusal, validate_against
+    from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, exit_code_for
     from ..jsonio import dumps
     from ..report import case_progress, print_check_report
     from . import operator_definition, writable_file
 
-    operator_definition(args.op, args.config, args.cases)
+    defn = operator_definition(args.op, args.config, args.cases)
     if args.impl == "reference":
-        raise UsageError("--impl 'reference' is the float64 oracle itself (its outputs are float64, unrounded); "
-                         "check 'reference_fp32' for the float32 reference, or another implementation")
+        raise UsageError(f"--impl {reference_refusal(defn)}")
+    validate_against(defn, args.impl, args.against)      # a UsageError naming --against
     writable_file(args.json, "--json")
     if args.save_failing:
         from . import writable_folder
@@ -70,15 +70,20 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             f.write(dumps(report.to_dict(), indent=1) + "\n")
     violations = [v for c in report.cases for v in c.violations]
-    return exit_code_for(violations)
+    code = exit_code_for(violations)
+    if code == 0 and args.against == "reference" and report.oracle_notes:
+        print(f"fuseval check: the float64 verdict asked for (--against reference) could not be given: "
+              f"{report.oracle_notes[0]} (exit {EXIT_NO_FLOAT64_ORACLE})", file=sys.stderr)
+        return EXIT_NO_FLOAT64_ORACLE
+    return code
 
 
 def reproduce_command(args, seed: int) -> str:
     """The command line that runs the same check on the same inputs."""
     import shlex
     parts = ["fuseval", "check"]
-    if getattr(args, "problem", None):
-        parts += ["--problem", args.problem]
+    for folder in getattr(args, "problems", None) or ():
+        parts += ["--problem", folder]
     if args.op:
         parts += ["--op", args.op]
     parts += ["--impl", args.impl, "--config", args.config if isinstance(args.config, str) else

@@ -3,9 +3,10 @@
 Reads and validates the folder (definition.json, workload.jsonl, in SOL-ExecBench's
 format), prints what fuseval makes of it (axes, inputs, outputs, the
 workloads it can draw, warnings such as tolerance keys the evaluator ignores, its
-implementations) and what the lifted oracle does with the reference on the smallest
-workload (which casts were lifted to float64 and which were kept: the quantizers).
-With --report, also how much of each workload's tolerance the benchmark's own reference
+implementations), from definition.json and workload.jsonl alone: importing runs none of
+the problem's code. --lift also runs the reference once on the smallest workload and shows
+what the lifted oracle does with it (which casts were lifted to float64 and which were
+kept: the quantizers). With --report, also how much of each workload's tolerance the benchmark's own reference
 uses against the lifted oracle, worst workload first; --strict then exits 1 when the
 reference fails its own tolerance on a workload.
 
@@ -21,6 +22,8 @@ from . import parse_device, parse_seeds, writable_file
 
 def add_arguments(p) -> None:
     p.add_argument("directory", metavar="DIR", help="the problem folder (definition.json, workload.jsonl)")
+    p.add_argument("--lift", action="store_true",
+                   help="run the reference on the smallest workload and show what the lifted float64 oracle does")
     p.add_argument("--report", action="store_true",
                    help="report how much of each workload's tolerance the benchmark's reference uses")
     p.add_argument("--smallest", type=parse_seeds, default=None, metavar="N",
@@ -82,10 +85,11 @@ def run(args) -> int:
         print(f"  not checkable by `fuseval check` yet: {exc}")
     for w in problem.warnings:
         print(f"warning: {w}", file=sys.stderr)
-    smallest = select_workloads(problem, smallest=1)[0]
-    first = tolerance_use(args.directory, lines=[smallest.line], seed=0 if args.seed is None else args.seed, device=args.device)
-    for line in first.lift.lines():
-        print(line)
+    if args.lift:
+        smallest = select_workloads(problem, smallest=1)[0]
+        first = tolerance_use(args.directory, lines=[smallest.line], seed=0 if args.seed is None else args.seed, device=args.device)
+        for line in first.lift.lines():
+            print(line)
     if not args.report:
         return 0
     report = tolerance_use(args.directory, smallest=args.smallest, seeds=args.seeds, seed=0 if args.seed is None else args.seed,

@@ -116,6 +116,8 @@ def run(args) -> int:
     if note:
         print(f"  ({note})")
     for c in d.cases():
-        print(f"  case {c.index:2d}: {c.label}  atol {c.tolerance.atol}")
+        ct = c.tolerance
+        print(f"  case {c.index:2d}: {c.label}  atol {ct.atol} rtol {ct.rtol}"
+              + (f" matched >= {ct.min_matched_ratio:.0%}" if ct.min_matched_ratio != t.min_matched_ratio else ""))
     print(f"skeleton implementation: fuseval list --op {d.name} --config {d.config} --skeleton")
     return 0

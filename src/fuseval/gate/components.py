@@ -10,7 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from ..errors import EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK, exit_code_for
+from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_NO_FLOAT64_ORACLE, EXIT_OK, EXIT_OUT_OF_MEMORY,
+                      exit_code_for)
 from .inputs import GateContext
 from .results import ComponentResult, TestResult
 
@@ -60,17 +61,24 @@ def _margin_tests(ctx: GateContext, stats: Any) -> list[TestResult]:
     return tests
 
 
-def _blind_findings(stats: Any) -> list[str]:
-    """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS."""
+def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
+    """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS:
+    with ``in_benchmark``, those where the benchmark's own reference shows the same (the
+    problem's tolerance is blind on its own outputs: reported, not failed), else the rest."""
     from ..report import fmt_number
     seen: dict[tuple[int, str], list[int]] = {}
     records = {}
     for b in stats.blind:
+        if bool(b.get("in_benchmark")) != in_benchmark:
+            continue
         seen.setdefault((b["case"], b["output"]), []).append(b["seed"])
         records.setdefault((b["case"], b["output"]), b)
-    return [f"blind_tolerance: {output} on case {case} (seed {', '.join(map(str, seeds))}): atol "
+    tail = ("; the benchmark's own reference shows the same: a blind output of the problem, not a failure"
+            if in_benchmark else "")
+    return [f"{'blind_output' if in_benchmark else 'blind_tolerance'}: {output} on case {case} "
+            f"(seed {', '.join(map(str, seeds))}): atol "
             f"{fmt_number(records[case, output]['atol'], 2, 'g')} >= 10% of its RMS "
-            f"{fmt_number(records[case, output]['rms'], 2, 'g')}: an error that size passes every element"
+            f"{fmt_number(records[case, output]['rms'], 2, 'g')}: an error that size passes every element{tail}"
             for (case, output), seeds in seen.items()]
 
 
@@ -85,19 +93,34 @@ def check_component(ctx: GateContext) -> ComponentResult:
     stats = check_over_seeds(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device,
                              seeds=ctx.seeds, mode=ctx.mode, hygiene=ctx.profile.hygiene,
                              warn_margin=ctx.warn_margin, extra_seed_cases=ctx.extra_seed_cases,
-                             progress=progress, isolate=ctx.isolate, timeout=ctx.timeout)
+                             progress=progress, isolate=ctx.isolate, timeout=ctx.timeout,
+                             blind_witness=True)   # a blind output the benchmark's reference shares is no failure
     blind = _blind_findings(stats)
+    blind_problem = _blind_findings(stats, in_benchmark=True)
     violations = stats.violations + (["blind_tolerance"] if blind else [])
     status = stats.verdict
+    if status == "pass" and blind_problem:
+        status = "warn"
     if status == "fail" or blind or (status == "warn" and ctx.strict):
         status = "fail"
     exit_code = EXIT_OK if status != "fail" else (exit_code_for(violations) if violations else EXIT_CHECK_FAILED)
+    # the gate's verdict is against the float64 oracle: one that was not made is said, and fails
+    not_float64 = list(dict.fromkeys(note for rep in stats.reports for note in rep.oracle_notes))
+    if not_float64 and exit_code == EXIT_OK:
+        status, exit_code = "fail", EXIT_NO_FLOAT64_ORACLE
     tests = _case_tests(ctx, stats) + _margin_tests(ctx, stats)
     if blind:
         tests.append(TestResult("blind tolerance", "fail", 0.0, blind[0], "\n".join(blind)))
+    if blind_problem:
+        tests.append(TestResult("blind outputs of the problem", "pass", 0.0,
+                                output="WARNING: " + "\n".join(blind_problem)))
     quiet = tuple(f"{m.output} {m.metric}" for m in stats.metrics if m.verdict == "pass" or m.threshold is None)
-    messages = blind + [ln for ln in stats.lines() if not ln.startswith(quiet)]
-    summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "")
+    messages = [f"oracle: {note}" for note in not_float64] + blind + blind_problem + \
+        [ln for ln in stats.lines() if not ln.startswith(quiet)]
+    summary = stats.summary() + (f"; {len(blind)} output(s) with a blind tolerance" if blind else "") \
+        + (f"; {len(blind_problem)} blind output(s) of the problem (the benchmark's reference too)"
+           if blind_problem else "") \
+        + (f"; no float64 oracle ({not_float64[0]})" if not_float64 else "")
     files = {}
     if ctx.out:
         path = os.path.join(ctx.out, f"check-{ctx.op}.json")
@@ -223,6 +246,10 @@ def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
     return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
 
 
+def _says_out_of_memory(message: str) -> bool:
+    return "raised" in message and ("can't allocate memory" in message or "out of memory" in message.lower())
+
+
 def budget_component(ctx: GateContext) -> ComponentResult:
     from ..budget import run_budget
     from ..stats import seed_values
@@ -253,6 +280,10 @@ def budget_component(ctx: GateContext) -> ComponentResult:
         for k, v in c.seconds.items():
             timings[k] = timings.get(k, 0.0) + v
     code = EXIT_OK if report.passed else EXIT_IMPL_RAISED if any(c.raised for c in report.cases) else EXIT_CHECK_FAILED
+    # an implementation that ran out of memory did not raise a verdict on itself: the size did
+    if code == EXIT_IMPL_RAISED and all(any(_says_out_of_memory(m) for m in c.messages)
+                                         for c in report.cases if c.raised):
+        code = EXIT_OUT_OF_MEMORY
     data = report.to_dict()
     if repeated:
         data["hygiene_left_to_check"] = {"seed": seed_values(ctx.seeds)[0], "cases": [c.case for c in report.cases]}

@@ -30,7 +30,7 @@ from ..errors import UsageError
 from ..inputs import generate_inputs
 from . import inputs as problem_inputs
 from . import lift
-from .problems import load_reference_module
+from .problem_code import run_reference
 from .sol_problem import read_problem
 
 __all__ = ["CaseAgreement", "CrossCheck", "crosscheck", "ORACLE_RTOL"]
@@ -103,12 +103,12 @@ def _rel_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
 
 
-def _one_case(defn, case, problem, module, oracle: Callable, seed: int,
+def _one_case(defn, case, problem, oracle: Callable, seed: int,
               device) -> tuple[CaseAgreement, lift.LiftReport]:
     inputs = generate_inputs(defn, case.axes, seed=seed + case.index, mode="benchmark", device=device)
     ours = oracle(*inputs)
     ours = (ours,) if isinstance(ours, torch.Tensor) else tuple(ours)
-    result = lift.run_lifted(module.run, problem_inputs.to_benchmark(problem, inputs), list(problem.inputs))
+    result = run_reference(problem, problem_inputs.to_benchmark(problem, inputs), lifted=True)
     tol = case.tolerance or defn.tolerance
     rel, matched, max_abs, messages = {}, {}, {}, []
     for spec, mine, lifted, native in zip(defn.outputs, ours, result.lifted, result.native):
@@ -138,13 +138,12 @@ def crosscheck(op: str, directory: str, *, cases: Sequence[int] | str | None = N
     defn = load(op, config, variant)
     problem = read_problem(directory)
     _interfaces_match(defn, problem)
-    module = load_reference_module(problem)
     oracle = ops.resolve_impl(defn, "reference")
     dev = resolve_device(device)
     results, first_report = [], None
     selected = defn.cases(cases)
     for n, case in enumerate(selected):
-        agreement, report = _one_case(defn, case, problem, module, oracle, seed, dev)
+        agreement, report = _one_case(defn, case, problem, oracle, seed, dev)
         first_report = first_report or report
         results.append(agreement)
         if progress:

@@ -182,12 +182,12 @@ def _seeded_global_generators(seed: int, device: torch.device):
         np.random.set_state(np_state)
 
 
-def _custom_inputs(problem: Problem, module: Any, workload: Workload, axes: Mapping[str, int], seed: int,
+def _custom_inputs(problem: Problem, workload: Workload, axes: Mapping[str, int], seed: int,
                    device: torch.device) -> dict[str, Any]:
-    fn = getattr(module, problem.custom_inputs_entrypoint)
+    from .problem_code import custom_inputs
     scalars = {n: s["value"] for n, s in workload.inputs.items() if s.get("type") == "scalar"}
     with torch.no_grad(), _seeded_global_generators(seed, device):
-        values = fn({**axes, **scalars}, device)
+        values = custom_inputs(problem, {**axes, **scalars}, device)
     where = f"problem {problem.name!r}: {problem.custom_inputs_entrypoint}()"
     if not isinstance(values, dict):
         raise ProblemError(f"{where} returned {type(values).__name__}, expected a dict of inputs by name")
@@ -198,11 +198,11 @@ def _custom_inputs(problem: Problem, module: Any, workload: Workload, axes: Mapp
     return {n: values[n] for n in wanted}
 
 
-def draw_inputs(problem: Problem, module: Any, workload: Workload, seed: int,
+def draw_inputs(problem: Problem, workload: Workload, seed: int,
                 device: str | torch.device = "cpu") -> dict[str, Any]:
     """One draw of ``workload``'s inputs by name, as the benchmark passes them (fp4 tensors
-    as ``torch.float4_e2m1fn_x2``). ``module``: the problem's loaded reference module (for
-    its custom entry point)."""
+    as ``torch.float4_e2m1fn_x2``); custom inputs come from the problem's entry point
+    (:func:`fuseval.interop.problem_code.custom_inputs`)."""
     from ..definitions import evaluate_expression
     device = torch.device(device)
     if workload.unsupported:
@@ -214,11 +214,13 @@ def draw_inputs(problem: Problem, module: Any, workload: Workload, seed: int,
         if a["type"] == "expr":
             axes[n] = int(evaluate_expression(a["expression"], axes))
     custom = any(s.get("type") == "custom" for s in workload.inputs.values())
-    values = _custom_inputs(problem, module, workload, axes, seed, device) if custom else {}
+    values = _custom_inputs(problem, workload, axes, seed, device) if custom else {}
     for name, spec in workload.inputs.items():
         kind = spec["type"]
         if kind == "scalar":
             values[name] = spec["value"]
+        elif kind == "safetensors":
+            values[name] = _blob_tensor(problem, workload, name, spec, axes, device)
         elif kind == "random":
             g = input_generator(seed, name, device)
             shape = _shape(problem, name, axes)
@@ -231,6 +233,22 @@ def draw_inputs(problem: Problem, module: Any, workload: Workload, seed: int,
         v = values[name]
         out[name] = v.to(device).contiguous() if isinstance(v, torch.Tensor) else v
     return out
+
+
+def _blob_tensor(problem: Problem, workload: Workload, name: str, spec: Mapping, axes: Mapping[str, int],
+                 device: torch.device) -> torch.Tensor:
+    """Input ``name`` read from its safetensors blob, checked against the definition's
+    dtype and the workload's shape (the same tensor on every seed)."""
+    from .blobs import read_tensor
+    t = read_tensor(problem.directory, name, spec, device)
+    where = f"problem {problem.name!r}, workload line {workload.line}, input {name!r} ({spec['path']})"
+    want = TORCH_DTYPES[problem.inputs[name]["dtype"]]
+    if t.dtype != want:
+        raise ProblemError(f"{where}: the blob holds dtype {t.dtype}, the definition says {want}")
+    shape = _shape(problem, name, axes)
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise ProblemError(f"{where}: the blob holds shape {tuple(t.shape)}, the workload's axes give {tuple(shape)}")
+    return t
 
 
 def to_fuseval(problem: Problem, values: Mapping[str, Any]) -> dict[str, Any]:

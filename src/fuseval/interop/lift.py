@@ -20,8 +20,10 @@ How (two runs of the reference):
    in float64 (complex64 in complex128).
 
 When the second run takes another path (a branch on a dtype or a value), raises, or
-cannot be made (a reference without torch calls), the oracle falls back to the native
-run and the :class:`LiftReport` says why. The report lists the casts that were lifted and
+cannot be made (a reference without torch calls), the oracle is the native run and the
+:class:`LiftReport` says why (``lifted`` False, ``note``): whoever compares against it
+reports that its verdict is against the reference in its own precision. Running out of
+memory in the lifted run is not such a case: it is raised, as the caller's budget. The report lists the casts that were lifted and
 the ones that were kept, by function and dtypes.
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from ..errors import is_out_of_memory
 from . import emulate
 
 __all__ = ["LiftReport", "LiftResult", "run_lifted", "run_native", "LOWER_PRECISION"]
@@ -358,6 +361,16 @@ def _cast_summary(trace: _Trace, keep: set[int]) -> dict[str, int]:
     return dict(counts)
 
 
+def _first_failure(exc: BaseException) -> BaseException:
+    """What made the lifted run fail: an exception raised while another one unwound the
+    reference (a ``@torch.no_grad()`` decorator's exit makes one more torch call, which the
+    replay sees as another path) stands for the one before it."""
+    seen = exc
+    while isinstance(seen, _Diverged) and seen.__context__ is not None and seen.__context__ is not seen:
+        seen = seen.__context__
+    return seen
+
+
 def run_lifted(fn: Callable, inputs: Sequence[Any], input_names: Sequence[str] | None = None, *,
                keep_quantizers: bool = True) -> LiftResult:
     """Run ``fn`` as written and lifted to float64 (module docstring); float tensor inputs
@@ -389,8 +402,11 @@ def run_lifted(fn: Callable, inputs: Sequence[Any], input_names: Sequence[str] |
         if replay.position != len(trace.calls):
             raise _Diverged(f"the lifted run made {replay.position} torch calls, the native run "
                             f"{len(trace.calls)}")
-    except Exception as exc:  # noqa: BLE001 - any failure of the lifted run means: use the native one
-        why = exc if isinstance(exc, _Diverged) else f"the lifted run raised {type(exc).__name__}: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a lifted run that fails: the native one, said in the report
+        cause = _first_failure(exc)
+        if is_out_of_memory(cause):
+            raise cause from None         # memory is the caller's budget, not a reason to change the oracle
+        why = cause if isinstance(cause, _Diverged) else f"the lifted run raised {type(cause).__name__}: {cause}"
         report = LiftReport(False, str(why).splitlines()[0], len(trace.calls), emulated=trace.notes)
         return LiftResult(native, tuple(_float64(o) for o in native), report)
     report = LiftReport(True, None, len(trace.calls), len(keep), _cast_summary(trace, keep),

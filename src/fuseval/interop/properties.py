@@ -20,8 +20,19 @@ Everything here is read off the problem folder, never off the problem's name:
   tables (inputs the benchmark draws as cos/sin), norm weights away from 1 (inputs the
   benchmark draws as ones). No non-contiguous views: the evaluator passes contiguous
   tensors and solutions may rely on it.
+* **the domain the workloads show** (:func:`var_spaces`): an axis every workload binds to a
+  multiple of some step is drawn as a multiple of it; an axis every workload binds to
+  ``factor * other + offset`` is computed, not drawn; orderings (``a <= b``) and
+  divisibility (``b % a == 0``) that every workload shows between two axes reject the
+  draws that break them.
+* **the domain the problem's code shows**: a draw its reference or its input generator
+  refuses (raises, :class:`~fuseval.interop.problem_code.ProblemCodeError`) is outside
+  its domain and rejected, not a failure (``outside_domain``).
 * **tolerance**: every example is judged under the tolerance of the workload nearest its
-  binding (``case_tolerance``).
+  binding (``case_tolerance``); adversarial draws scaled up (huge, mixed magnitudes) with
+  its absolute parts times the factor the oracle's outputs grew by
+  (``scale_atol_with_magnitude``): a workload's atol is written for the benchmark's
+  magnitudes.
 * **batch independence**, per var axis that leads every float input it appears in and
   every output, checked only where the lifted oracle itself has it on the example's
   inputs: the engine cannot know whether a problem reduces over a batch-like axis, but
@@ -29,11 +40,13 @@ Everything here is read off the problem folder, never off the problem's name:
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 from ..properties.hooks import PropertyHooks, VarSpace
 from . import inputs as problem_inputs
 from .report import workload_size
+from .problem_code import ProblemCodeError
 from .sol_problem import Problem
 
 __all__ = ["problem_hooks", "var_spaces", "SPACE_SCALE", "SPACE_FLOOR"]
@@ -46,8 +59,61 @@ _FLOATS = ("float64", "float32", "float16", "bfloat16")
 _ROTARY = ("cos", "cos_cached", "rope_cos", "sin", "sin_cached", "rope_sin")
 
 
+def _steps(axes, workloads: list) -> dict[str, int]:
+    """Per var axis the largest step every workload's value is a multiple of (only where
+    the workloads show at least two values, and the step is above 1)."""
+    out = {}
+    for a in axes:
+        values = {w.axes[a] for w in workloads}
+        step = math.gcd(*values) if len(values) > 1 else 0
+        if step > 1:
+            out[a] = step
+    return out
+
+
+def _ties(axes, workloads: list) -> dict[str, tuple[str, int, int]]:
+    """Axes every workload binds to ``factor * base + offset`` of an earlier axis (factor
+    an integer >= 1), read off two workloads with different base values and held by all."""
+    ties: dict[str, tuple[str, int, int]] = {}
+    for i, a in enumerate(axes):
+        for base in axes[:i]:
+            if base in ties:
+                continue
+            points = {(w.axes[base], w.axes[a]) for w in workloads}
+            bases = sorted({x for x, _ in points})
+            if len(bases) < 2 or len(points) != len(bases):
+                continue
+            (x1, y1), (x2, y2) = sorted(points)[:2]
+            factor, rest = divmod(y2 - y1, x2 - x1)
+            if rest or factor < 1:
+                continue
+            offset = y1 - factor * x1
+            if all(y == factor * x + offset for x, y in points):
+                ties[a] = (base, factor, offset)
+                break
+    return ties
+
+
+def _relations(axes, workloads: list, ties) -> tuple[str, ...]:
+    """Orderings (``a <= b``) and divisibility (``b % a == 0``) between two free var axes
+    that every workload shows, where the workloads show the pair in at least two ways."""
+    free = [a for a in axes if a not in ties]
+    out = []
+    for i, a in enumerate(free):
+        for b in free[i + 1:]:
+            pairs = {(w.axes[a], w.axes[b]) for w in workloads}
+            if len(pairs) < 2:
+                continue
+            for x, y, (p, q) in ((a, b, (0, 1)), (b, a, (1, 0))):
+                if all(pr[p] <= pr[q] for pr in pairs) and any(pr[p] < pr[q] for pr in pairs):
+                    out.append(f"{x} <= {y}")
+                if all(pr[p] >= 1 and pr[q] % pr[p] == 0 for pr in pairs) and any(pr[p] > 1 for pr in pairs):
+                    out.append(f"{y} % {x} == 0")
+    return tuple(out)
+
+
 def _space(problem: Problem, workloads: list, limit: int | None) -> VarSpace:
-    axes = problem.var_axes
+    axes = list(problem.var_axes)
     ranges = {a: (min(w.axes[a] for w in workloads), max(w.axes[a] for w in workloads)) for a in axes}
     # exact bindings, smallest first (the explicit examples take the first two), no repeats
     seen, bindings = set(), []
@@ -56,7 +122,9 @@ def _space(problem: Problem, workloads: list, limit: int | None) -> VarSpace:
         if key not in seen:
             seen.add(key)
             bindings.append(dict(w.axes))
-    return VarSpace(ranges, tuple(bindings), limit)
+    ties = _ties(axes, workloads)
+    return VarSpace(ranges, tuple(bindings), limit, steps=_steps(axes, workloads), ties=ties,
+                    relations=_relations(axes, workloads, ties))
 
 
 def var_spaces(problem: Problem) -> dict[str, VarSpace]:
@@ -129,6 +197,8 @@ def problem_hooks(problem: Problem) -> PropertyHooks:
         norm_weight_inputs=norm_weights,
         noncontiguous=False,
         case_tolerance=True,
+        scale_atol_with_magnitude=True,
+        outside_domain=(ProblemCodeError,),
         invariants=tuple(_batch_invariant(a) for a in _leading_axes(problem)),
     )
 

@@ -132,14 +132,15 @@ def _bound_use(native: torch.Tensor, oracle: torch.Tensor, tol: Tolerance) -> fl
     return float(ratio.flatten().kthvalue(k + 1).values) if ratio.numel() else 0.0
 
 
-def _one_workload(problem: Problem, module: Any, workload: Workload, seeds: Sequence[int],
+def _one_workload(problem: Problem, workload: Workload, seeds: Sequence[int],
                   device: torch.device) -> tuple[WorkloadUse, lift.LiftReport]:
+    from .problem_code import run_reference
     tol = Tolerance(**fuseval_tolerance(workload.tolerance))
     worst: dict[str, Any] | None = None
     failing, report = 0, None
     for seed in seeds:
-        values = problem_inputs.draw_inputs(problem, module, workload, seed, device)
-        result = lift.run_lifted(module.run, list(values.values()), list(problem.inputs))
+        values = problem_inputs.draw_inputs(problem, workload, seed, device)
+        result = run_reference(problem, list(values.values()), lifted=True)
         report = report or result.report
         failed = False
         for name, native, oracle in zip(problem.outputs, result.native, result.lifted):
@@ -168,16 +169,14 @@ def tolerance_use(directory: str, *, smallest: int | None = None, lines: Sequenc
                   progress=None) -> ToleranceUse:
     """The report of the module docstring for the problem folder ``directory``: the
     selected workloads (:func:`select_workloads`), each on ``seeds`` seeds from ``seed``."""
-    from .problems import load_reference_module
     if seeds < 1:
         raise ValueError(f"seeds: expected a number of seeds >= 1, got {seeds}")
     problem = read_problem(directory)
-    module = load_reference_module(problem)
     device = torch.device(device)
     rows, first = [], None
     chosen = select_workloads(problem, smallest=smallest, lines=lines)
     for n, workload in enumerate(chosen):
-        row, report = _one_workload(problem, module, workload, range(seed, seed + seeds), device)
+        row, report = _one_workload(problem, workload, range(seed, seed + seeds), device)
         first = first or report
         rows.append(row)
         if progress:

@@ -310,7 +310,10 @@ def _read_workloads(path: str, problem_inputs: Mapping[str, Any], axes_spec: Map
             if kind == "scalar" and problem_inputs[name]["shape"] is not None:
                 raise ProblemError(f"{where}: input {name!r} is a tensor in the definition, the workload "
                                    "gives a scalar")
-            if kind not in _SUPPORTED_INPUT_TYPES and unsupported is None:
+            if kind == "safetensors" and unsupported is None:
+                from .blobs import unreadable
+                unsupported = unreadable(os.path.dirname(path), name, spec)
+            elif kind not in _SUPPORTED_INPUT_TYPES and unsupported is None:
                 unsupported = f"input {name!r} is {kind} (fuseval draws random, scalar and custom inputs only)"
         tolerance = _read_tolerance(row.get("tolerance"), where, ignored)
         out.append(Workload(n, str(row.get("uuid", f"line-{n}")), {a: int(axes[a]) for a in var_axes},

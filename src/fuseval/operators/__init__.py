@@ -184,8 +184,15 @@ def register(candidate: OperatorSpec) -> OperatorSpec:
 def register_problem(directory: str | os.PathLike) -> OperatorSpec:
     """Register a SOL-ExecBench problem folder as an operator and list it in
     ``FUSEVAL_PROBLEM_PATH``, so worker processes started later register it too."""
+    from ..errors import UsageError
     directory = os.path.abspath(os.fspath(directory))
-    found = register(_problem_spec(directory))
+    candidate = _problem_spec(directory)
+    taken = registry().get(candidate.name)
+    if taken is not None and taken != candidate:
+        where = getattr(taken, "directory", "") or taken.package
+        raise UsageError(f"problem folder {directory}: its name {candidate.name!r} is already the name of the "
+                         f"operator from {where}; register one of them per process")
+    found = register(candidate)
     if directory not in _problem_path():
         os.environ[PROBLEM_PATH_ENV] = os.pathsep.join([*_problem_path(), directory])
     return found

@@ -16,6 +16,8 @@ import sys
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m fuseval.properties", description=__doc__)
     p.add_argument("--op", required=True)
+    p.add_argument("--problem", dest="problems", action="append", default=[], metavar="DIR",
+                   help="a SOL-ExecBench problem folder to register as an operator first (repeatable)")
     p.add_argument("--impl", default="torch", help="name, 'module:function' or 'mutant:<name>'")
     p.add_argument("--config", required=True, help="configuration name or JSON mapping of const axes")
     p.add_argument("--axes", required=True, help='JSON mapping of var axes, e.g. {"batch_size":1,"seq_len":3}')
@@ -26,6 +28,10 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default=None, help="working precision for the tight bound "
                    "(a name of fuseval.precision.PRECISIONS, e.g. float32, tf32, bf16)")
     args = p.parse_args(argv)
+    if args.problems:
+        from ..operators import register_problem
+        for folder in args.problems:
+            register_problem(folder)
 
     from ..definitions import load
     from ..check import resolve_device

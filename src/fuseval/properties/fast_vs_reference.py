@@ -27,24 +27,27 @@ input mode (and recipe), the seed and a command that reproduces it.
 from __future__ import annotations
 
 import json
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import torch
-from hypothesis import Verbosity, example as hyp_example, given, settings
+from hypothesis import Verbosity, example as hyp_example, given, reject, settings
 from hypothesis import seed as hyp_seed
 from hypothesis.errors import Flaky, Unsatisfiable
 
 from .. import ops as _ops
 from ..check import resolve_device, run_case
-from ..definitions import Case, load
+from ..definitions import Case, Tolerance, load
+from ..errors import OutOfMemory, is_out_of_memory
+from ..memory import draw_budget
 from ..precision import unit_roundoff
 from . import invariants as inv
 from .hooks import hooks_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
 from .satisfiable import UnsatisfiableAxes, check_satisfiable
-from .strategies import INPUT_MODES, Example, _valid, examples, explicit_examples, input_modes
+from .strategies import INPUT_MODES, Example, _valid, draw_bytes, examples, explicit_examples, input_modes
 
 __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tight_bound",
            "has_tight_bound"]
@@ -137,6 +140,18 @@ class _Falsified(AssertionError):
     pass
 
 
+class _OutOfMemoryHere(BaseException):
+    """(example, the allocation failure): a BaseException, so Hypothesis neither shrinks
+    nor replays it but lets it through at once."""
+
+
+def _fits_memory(example: Example, max_bytes: int | None) -> bool:
+    if max_bytes is None:
+        return True
+    defn = example.definition()
+    return draw_bytes(defn, defn.resolve_axes(example.binding.axes)) <= max_bytes
+
+
 # --------------------------------------------------------------------------- one example
 def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "cpu",
              precision: str | None = None, tight: bool = True) -> tuple[str | None, list[str], list[dict]]:
@@ -144,10 +159,13 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
     messages, per-output metrics)."""
     dev = torch.device(device)
     defn = example.definition()
+    hooks = hooks_of(example.op)
     x = example.tensors(dev)
     mode = example.mode if example.mode != "adversarial" else "benchmark"
     # the tolerance: the definition's, or (an imported problem) its nearest workload's
-    tol = defn.nearest_case(example.binding.axes).tolerance if hooks_of(example.op).case_tolerance else None
+    tol = defn.nearest_case(example.binding.axes).tolerance if hooks.case_tolerance else None
+    if hooks.scale_atol_with_magnitude and example.recipe is not None and example.recipe.magnitude in SCALED_UP:
+        tol = magnitude_scaled(tol or defn.tolerance, magnitude_factor(example, x, dev))
     result = run_case(defn, impl, Case(0, example.binding.axes, tol), seed=example.seed, device=dev,
                       mode=mode, inputs=x, hygiene=False)   # the oracle: the definition's reference
     metrics = [{"output": m.name, "max_abs": m.max_abs, "rel_l2": m.rel_l2,
@@ -162,6 +180,41 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
                                    f"(well-conditioned {example.mode} input; max abs {m.max_abs:.3g})"
                                    for m in over], metrics
     return None, [], metrics
+
+
+# recipe magnitudes that scale the activations up (their outputs grow with them)
+SCALED_UP = ("huge", "mixed")
+
+
+def magnitude_factor(example: Example, inputs: Sequence[Any], device: torch.device) -> float:
+    """How much larger the oracle's outputs on ``inputs`` (an adversarial draw) are than on
+    the same draw at unit magnitude: the largest ratio of the outputs' max |value| (at
+    least 1). An output that is zero at unit magnitude does not count."""
+    defn = example.definition()
+    oracle = _ops.resolve_impl(defn, "reference")
+    twin = Example(example.binding, example.mode, example.seed, replace(example.recipe, magnitude="unit"))
+    ours, unit = (_as_tuple(oracle(*xs)) for xs in (inputs, twin.tensors(device)))
+    factor = 1.0
+    for a, b in zip(ours, unit):
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and a.numel():
+            top, base = float(a.abs().max()), float(b.abs().max())
+            if base > 0 and math.isfinite(top):
+                factor = max(factor, top / base)
+    return factor
+
+
+def magnitude_scaled(tol: Tolerance, factor: float) -> Tolerance:
+    """``tol`` with its absolute parts (atol, the max-abs bound) times ``factor``: an
+    absolute tolerance written for the benchmark's magnitudes, on outputs ``factor`` times
+    larger."""
+    if factor <= 1:
+        return tol
+    return replace(tol, atol=tol.atol * factor,
+                   max_abs_error=None if tol.max_abs_error is None else tol.max_abs_error * factor)
+
+
+def _as_tuple(out) -> tuple:
+    return (out,) if isinstance(out, torch.Tensor) else tuple(out)
 
 
 def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list[str]:
@@ -191,6 +244,74 @@ def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list
 
 
 # --------------------------------------------------------------------------- the property run
+@dataclass
+class _PropertyRun:
+    """What the property runs of one :func:`check_implementation` share: each falsified
+    property is appended to ``failures``, each example run counted in ``counter``."""
+    op: str
+    label: str
+    dev: torch.device
+    seed: int | None
+    outside_domain: tuple[type[BaseException], ...]
+    max_bytes: int | None
+    failures: list
+    counter: dict
+
+    def run(self, name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
+            starters: list[Example], settings_: settings) -> None:
+        op, label, dev, seed, max_bytes, failures, counter = (self.op, self.label, self.dev, self.seed,
+                                                              self.max_bytes, self.failures, self.counter)
+        state: dict[str, Any] = {}
+
+        def prop(ex: Example) -> None:
+            try:
+                verdict, messages, metrics = check(ex)
+            except self.outside_domain as exc:
+                state["outside"] = state.get("outside", 0) + 1
+                state["why_outside"] = str(exc)
+                reject()          # the operator's own code refuses this draw: outside its domain
+            except Exception as exc:  # noqa: BLE001 - only out of memory is kept, the rest re-raised
+                if not is_out_of_memory(exc):
+                    raise
+                # not a verdict on the implementation, and not a failure Hypothesis may
+                # replay (the rerun would fit or not at random): it ends the run here
+                raise _OutOfMemoryHere(ex, exc) from exc
+            counter["n"] += 1
+            if verdict:
+                state["failure"] = Failure(verdict, op, label, ex, str(dev), messages, metrics)
+                raise _Falsified(f"{verdict}: {'; '.join(messages)}")
+
+        test = settings_(given(strategy)(prop))
+        for ex in reversed(starters):
+            test = hyp_example(ex)(test)
+        if seed is not None:
+            test = hyp_seed(seed)(test)
+        try:
+            test()
+        except _Falsified:
+            failures.append(state["failure"])
+        except _OutOfMemoryHere as oom:
+            ex, exc = oom.args
+            raise OutOfMemory(f"{op}: property {name!r}: out of memory on the example {ex!r} (planned "
+                              f"{draw_bytes(ex.definition(), ex.definition().resolve_axes(ex.binding.axes)) / 2**20:.0f}"
+                              f" MiB; the bound per draw on {dev} was "
+                              f"{'none' if max_bytes is None else f'{max_bytes / 2**20:.0f} MiB'}): "
+                              f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        except Unsatisfiable as exc:
+            outside = (f"; {state['outside']} draws were outside the operator's domain (last: "
+                       f"{state['why_outside']})" if state.get("outside") else "")
+            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
+                                    f"(every drawn axis binding broke the definition's constraints, the "
+                                    f"space's size limit or the memory bound per draw){outside}: {exc}") from None
+        except Flaky as exc:
+            f = state.get("failure")
+            if f is None:
+                raise
+            f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
+            failures.append(f)
+
+
+
 def _impl_label(impl: str | Callable) -> str:
     if isinstance(impl, str):
         return impl
@@ -223,7 +344,12 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
         tight_bound(op, precision)      # an unknown precision, or an operator without the bound, fails here
     fn = _ops.resolve_impl(base, impl)
     label = _impl_label(impl)
+    # a callable of the operator's own table is named as the table names it (a command
+    # that reproduces a failure must be able to import it)
+    label = next((name for name, path in base.implementations.items() if path == label), label)
     dev = resolve_device(device if device is not None else PROFILE_DEVICE[profile])
+    hooks = hooks_of(op)
+    max_bytes = draw_budget(dev)
     space = PROFILE_SPACE[profile]
     s = property_settings(profile)
     # no example database here: every call builds a new test from the same inner function,
@@ -244,36 +370,8 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
     properties = (["tolerance"] + (["tight_bound"] if has_tight_bound(op) else [])
                   + (["metamorphic"] if metamorphic else []))
 
-    def run_property(name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
-                     starters: list[Example], settings_: settings) -> None:
-        state: dict[str, Any] = {}
-
-        def prop(ex: Example) -> None:
-            counter["n"] += 1
-            verdict, messages, metrics = check(ex)
-            if verdict:
-                state["failure"] = Failure(verdict, op, label, ex, str(dev), messages, metrics)
-                raise _Falsified(f"{verdict}: {'; '.join(messages)}")
-
-        test = settings_(given(strategy)(prop))
-        for ex in reversed(starters):
-            test = hyp_example(ex)(test)
-        if seed is not None:
-            test = hyp_seed(seed)(test)
-        try:
-            test()
-        except _Falsified:
-            failures.append(state["failure"])
-        except Unsatisfiable as exc:
-            raise UnsatisfiableAxes(f"{op}: property {name!r}: Hypothesis found no example its strategy accepts "
-                                    f"(every drawn axis binding broke the definition's constraints or the "
-                                    f"space's size limit): {exc}") from None
-        except Flaky as exc:
-            f = state.get("failure")
-            if f is None:
-                raise
-            f.messages.append(f"(flaky: the failure did not reproduce on a rerun: {exc})")
-            failures.append(f)
+    run = _PropertyRun(op, label, dev, seed, hooks.outside_domain, max_bytes, failures, counter)
+    run_property = run.run
 
     allowed = input_modes(op, modes)
     if not allowed:
@@ -281,9 +379,9 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
                          f"(its modes: {input_modes(op)})")
     check_satisfiable(op, space)
     # (an explicit binding that breaks the constraints is left out: check_satisfiable found others)
-    starters = [e for e in explicit_examples(op, space) if e.mode in allowed and _valid(e.binding)] \
-        if explicit else []
-    run_property("tolerance", examples(op, space, allowed),
+    starters = [e for e in explicit_examples(op, space) if e.mode in allowed and _valid(e.binding)
+                and _fits_memory(e, max_bytes)] if explicit else []
+    run_property("tolerance", examples(op, space, allowed, max_bytes=max_bytes),
                  lambda ex: evaluate(ex, fn, device=dev, precision=precision), starters, s)
 
     if metamorphic and not failures:
@@ -294,7 +392,7 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
         def meta(ex: Example):
             problems = _metamorphic(ex, fn, dev)
             return ("metamorphic" if problems else None), problems, []
-        run_property("metamorphic", examples(op, space, meta_modes), meta, meta_starters, meta_settings)
+        run_property("metamorphic", examples(op, space, meta_modes, max_bytes=max_bytes), meta, meta_starters, meta_settings)
 
     return PropertyReport(op, label, profile, str(dev), failures, counter["n"],
                           time.perf_counter() - start, properties)

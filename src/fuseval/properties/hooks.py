@@ -91,10 +91,19 @@ class VarSpace:
     each axis drawn from ``ranges[axis]`` (inclusive; an axis without a range keeps the
     profile's), or one of the exact ``bindings``; a draw whose tensor inputs hold more than
     ``max_elements`` elements in all is rejected (None: no limit), and so is one that breaks
-    the definition's constraints."""
+    the definition's constraints.
+
+    The domain the data shows: ``steps[axis]``: the axis is drawn as a multiple of this
+    (every workload's value is one); ``ties[axis] = (base, factor, offset)``: the axis is
+    ``factor * base + offset`` (every workload has it so), not drawn; ``relations``:
+    expressions over the var axes every draw must satisfy (orderings and divisibility the
+    workloads all show), the others rejected."""
     ranges: Mapping[str, tuple[int, int]] = field(default_factory=dict)
     bindings: tuple[Mapping[str, int], ...] = ()
     max_elements: int | None = None
+    steps: Mapping[str, int] = field(default_factory=dict)
+    ties: Mapping[str, tuple[str, int, int]] = field(default_factory=dict)
+    relations: tuple[str, ...] = ()
 
 
 # (example, its inputs, the implementation, the definition) -> (what it checks, a thunk
@@ -142,6 +151,14 @@ class PropertyHooks:
         ``case_tolerance``: judge each example under the tolerance of the benchmark case
         nearest its binding (:meth:`~fuseval.definitions.Definition.nearest_case`) instead of
         the definition's (an imported problem: a tolerance per workload).
+        ``scale_atol_with_magnitude``: an adversarial draw whose activations were scaled up
+        (``huge``, ``mixed``) is judged with atol (and the max-abs bound) times the factor
+        its oracle's outputs grew by against the same draw at unit magnitude (at least 1):
+        an absolute tolerance written for the benchmark's magnitudes (an imported problem's).
+        ``outside_domain``: exceptions that mean "the operator's own code refuses these
+        inputs" (raised while drawing an example's inputs or computing its oracle): such a
+        draw is outside the operator's domain and rejected, not a failure (an imported
+        problem: what its reference or its input generator raises).
         ``tight_bound``: see :class:`TightBound` (None: no such property).
         ``invariants``: the metamorphic checks run after batch independence.
     """
@@ -162,6 +179,8 @@ class PropertyHooks:
     recipe_features: Mapping[str, RecipeFeature] = field(default_factory=dict)
     adversarial: AdversarialHook | None = None
     case_tolerance: bool = False
+    scale_atol_with_magnitude: bool = False
+    outside_domain: tuple[type[BaseException], ...] = ()
     tight_bound: TightBound | None = None
     invariants: tuple[MetamorphicCheck, ...] = ()
 

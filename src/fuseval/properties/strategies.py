@@ -49,11 +49,12 @@ from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..definitions import Definition, load
-from ..inputs import MODES, generate_inputs, input_generator
+from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
+from ..memory import DRAW_COPIES, draw_bytes
 from .hooks import PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 
-__all__ = ["Binding", "Recipe", "Example", "axis_bindings", "recipes", "inputs", "examples",
+__all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_COPIES", "recipes", "inputs", "examples",
            "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
            "INPUT_MODES", "GENERIC_FEATURES", "named_config", "recipe_features", "input_modes"]
 
@@ -144,13 +145,21 @@ def _input_elements(defn: Definition, axes: Mapping[str, int]) -> int:
     return sum(math.prod(defn.shape_of(spec, axes)) for spec in defn.inputs if not spec.is_scalar)
 
 
-def _fits(binding: Binding, limit: int | None) -> bool:
-    """Within the definition's constraints and, with ``limit``, that many input elements."""
+def _fits(binding: Binding, limit: int | None, max_bytes: int | None = None,
+          relations: Sequence[str] = ()) -> bool:
+    """Within the definition's constraints, the space's relations and, with ``limit``,
+    that many input elements, and with ``max_bytes``, that much memory (:func:`draw_bytes`)."""
+    from ..definitions import evaluate_expression
     try:
-        axes = binding.definition().resolve_axes(binding.axes)
+        defn = binding.definition()
+        axes = defn.resolve_axes(binding.axes)
     except ValueError:
         return False
-    return limit is None or _input_elements(binding.definition(), axes) <= limit
+    if not all(evaluate_expression(r, axes) for r in relations):
+        return False
+    if max_bytes is not None and draw_bytes(defn, axes) > max_bytes:
+        return False
+    return limit is None or _input_elements(defn, axes) <= limit
 
 
 def _valid(binding: Binding) -> bool:
@@ -158,8 +167,16 @@ def _valid(binding: Binding) -> bool:
     return _fits(binding, None)
 
 
+def _draw_axis(draw, lo: int, hi: int, step: int) -> int:
+    """A value in [lo, hi], a multiple of ``step`` where one is there."""
+    if step <= 1:
+        return draw(st.integers(lo, hi))
+    first, last = -(-lo // step), hi // step
+    return step * draw(st.integers(first, last)) if first <= last else draw(st.integers(lo, hi))
+
+
 @st.composite
-def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
+def axis_bindings(draw, op: str, space: Space | str = "small", max_bytes: int | None = None) -> Binding:
     """Strategy: an axis binding of ``op``.
 
     Scaled-down spaces draw the const configuration too (from the operator's hooks): kv
@@ -168,8 +185,9 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
     range, every other var axis its sequence range (from 1), the offset axes a base axis
     plus a drawn offset; where the hooks give a ``var_space`` for the space (an imported
     problem's workloads), the var axes are one of its exact bindings or each drawn from its
-    range. Bindings that break the definition's constraints (or the space's element limit)
-    are rejected."""
+    range (a multiple of its step, a tied axis computed from its base). Bindings that break
+    the definition's constraints or the space's relations, or exceed the space's element
+    limit or ``max_bytes`` (:func:`draw_bytes`), are rejected."""
     sp = _space(space)
     hooks = hooks_of(op)
     base = load(op)
@@ -188,16 +206,20 @@ def axis_bindings(draw, op: str, space: Space | str = "small") -> Binding:
         binding = Binding.make(op, consts, dict(draw(st.sampled_from(list(vs.bindings)))))
     else:
         drawn = {}
+        ties = vs.ties if vs is not None else {}
         for axis in base.var_axes:
-            if axis in hooks.var_offsets:
+            if axis in hooks.var_offsets or axis in ties:
                 continue
             if vs is not None and axis in vs.ranges:
-                drawn[axis] = draw(st.integers(*vs.ranges[axis]))
+                drawn[axis] = _draw_axis(draw, *vs.ranges[axis], vs.steps.get(axis, 1))
             else:
                 drawn[axis] = draw(st.integers(*(sp.batch if axis == hooks.batch_axis else sp.seq_len)))
+        for axis, (tied_to, factor, offset) in ties.items():
+            drawn[axis] = factor * drawn[tied_to] + offset
         offsets = {axis: draw(st.sampled_from(values)) for axis, (_, values) in hooks.var_offsets.items()}
         binding = Binding.make(op, consts, _var(base, hooks, drawn, offsets))
-    assume(_fits(binding, vs.max_elements if vs is not None else None))
+    assume(_fits(binding, vs.max_elements if vs is not None else None, max_bytes,
+                 vs.relations if vs is not None else ()))
     return binding
 
 
@@ -343,7 +365,7 @@ class Example:
 
     def command(self, impl: str, device: str = "cpu") -> str:
         """One shell command that reruns exactly this example."""
-        parts = ["python", "-m", "fuseval.properties", "--op", self.op, "--impl", impl,
+        parts = ["python", "-m", "fuseval.properties", *_problem_args(self.op), "--op", self.op, "--impl", impl,
                  "--config", self.binding.config_arg, "--axes",
                  json.dumps(self.binding.axes, separators=(",", ":")),
                  "--mode", self.mode, "--seed", str(self.seed)]
@@ -357,7 +379,7 @@ class Example:
         """The closest ``fuseval check`` command (same configuration, mode and seed, but on
         the configuration's benchmark cases rather than this example's var axes)."""
         mode = self.mode if self.mode in MODES else "benchmark"
-        parts = ["fuseval", "check", "--op", self.op, "--impl", impl, "--config",
+        parts = ["fuseval", "check", *_problem_args(self.op), "--op", self.op, "--impl", impl, "--config",
                  self.binding.config_arg, "--seed", str(self.seed), "--mode", mode]
         if device != "cpu":
             parts += ["--device", device]
@@ -370,6 +392,13 @@ class Example:
     def _repr_pretty_(self, printer, cycle) -> None:
         # Hypothesis prints falsifying examples with this (IPython's protocol)
         printer.text(repr(self))
+
+
+def _problem_args(op: str) -> list[str]:
+    """``--problem DIR`` where ``op`` is a problem folder's (a command registers it first)."""
+    from ..operators import spec
+    directory = getattr(spec(op), "directory", None)
+    return ["--problem", directory] if directory else []
 
 
 def inputs(op: str, binding: Binding | None = None, mode: str | None = None, *,
@@ -387,9 +416,10 @@ def inputs(op: str, binding: Binding | None = None, mode: str | None = None, *,
 
 @st.composite
 def examples(draw, op: str, space: Space | str = "small", modes: Sequence[str] = INPUT_MODES,
-             binding: st.SearchStrategy[Binding] | None = None) -> Example:
-    """Strategy: binding, mode, seed and (adversarial mode) recipe."""
-    b = draw(binding if binding is not None else axis_bindings(op, space))
+             binding: st.SearchStrategy[Binding] | None = None, max_bytes: int | None = None) -> Example:
+    """Strategy: binding, mode, seed and (adversarial mode) recipe (``max_bytes``: see
+    :func:`axis_bindings`)."""
+    b = draw(binding if binding is not None else axis_bindings(op, space, max_bytes))
     mode = draw(st.sampled_from(list(modes)))
     recipe = draw(recipes(op)) if mode == "adversarial" else None
     seed = draw(st.integers(0, 2**31 - 1))
@@ -475,7 +505,7 @@ def _row_factors(magnitudes, magnitude: str, rows: tuple[int, ...], g: torch.Gen
 
 
 def _zero_rows(x: torch.Tensor, n: int, g: torch.Generator) -> torch.Tensor:
-    if n <= 0:
+    if n <= 0 or x.numel() == 0:      # an empty activation has no row to zero
         return x
     n_rows = x.numel() // max(x.shape[-1], 1)
     rows = torch.randperm(n_rows, generator=g)[:n]
@@ -567,4 +597,4 @@ def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: i
             if recipe.noncontiguous:
                 v = _noncontiguous(v)
         out.append(v)
-    return out
+    return DrawnInputs(out, var_axes)

@@ -5,7 +5,10 @@ was given (:func:`remember`) or one listed in ``FUSEVAL_PROBLEM_PATH``, so a wor
 spawned to run an implementation imports the same module by name. It holds:
 
 * ``reference(*inputs)``: the oracle, the problem's reference lifted to float64
-  (:mod:`fuseval.interop.lift`); ``last_lift`` is the :class:`LiftReport` of its last call;
+  (:mod:`fuseval.interop.lift`); ``last_lift`` is the :class:`LiftReport` of its last call,
+  and ``reference.oracle_notes`` gets, per call that could not be lifted, why that call's
+  oracle is the reference in its own precision (:func:`fuseval.check.oracle_note` reads
+  and clears it);
 * ``sol_reference(*inputs)``: the reference as written (what the benchmark compares
   against; ``torch._scaled_mm`` emulated only where the machine cannot run it);
 * ``benchmark_inputs(defn, axes, seed, device=)``: the input hook (the workload's own
@@ -17,6 +20,11 @@ spawned to run an implementation imports the same module by name. It holds:
 
 The spec's budget is the folder's ``budget.json``, else one derived from its workloads
 (:mod:`fuseval.interop.budget`).
+
+Making the module runs none of the problem's code (``fuseval list``, ``import`` and
+``export`` read the folder as data): its reference runs on the first call of one of the
+functions above, through :mod:`fuseval.interop.problem_code`, and ``source`` (the
+reference's own module) is executed on first use.
 
 Inputs arrive and outputs leave in fuseval's format (fp4 tensors as their uint8 bytes);
 the problem's code sees them as the benchmark passes them.
@@ -94,20 +102,10 @@ def spec_of(problem: Problem) -> ProblemSpec:
 
 
 def load_reference_module(problem: Problem) -> types.ModuleType:
-    """The problem's reference source executed as a module of its own (``<module>.source``)."""
-    name = problem.module + ".source"
-    if name in sys.modules:
-        return sys.modules[name]
-    module = types.ModuleType(name, f"the reference of SOL-ExecBench problem {problem.name}")
-    module.__file__ = problem.reference_file
-    sys.modules[name] = module
-    try:
-        exec(compile(problem.reference, problem.reference_file, "exec"), module.__dict__)
-    except Exception as exc:
-        del sys.modules[name]
-        raise ProblemError(f"problem {problem.name!r}: its reference does not import: "
-                           f"{type(exc).__name__}: {exc}") from exc
-    return module
+    """The problem's reference source executed as a module of its own (``<module>.source``):
+    :func:`fuseval.interop.problem_code.reference_module`, the one place that runs it."""
+    from ..problem_code import reference_module
+    return reference_module(problem)
 
 
 def _outputs_to_fuseval(outputs) -> tuple:
@@ -117,33 +115,36 @@ def _outputs_to_fuseval(outputs) -> tuple:
 
 def _populate(module: types.ModuleType, problem: Problem) -> None:
     from .. import inputs as problem_inputs
-    from .. import lift, solution
+    from .. import problem_code, solution
 
-    source = load_reference_module(problem)
-    names = list(problem.inputs)
     solutions = solution.find_solutions(problem.directory)
     table = {}
     for index, (impl_name, _path) in enumerate(solutions):
         table[impl_name] = f"{problem.module}:solution_{index}"
-    state: dict[str, Any] = {"last_lift": None}
 
     def reference(*inputs):
         """The oracle: the problem's reference lifted to float64 (fuseval.interop.lift)."""
-        result = lift.run_lifted(source.run, problem_inputs.to_benchmark(problem, inputs), names)
+        result = problem_code.run_reference(problem, problem_inputs.to_benchmark(problem, inputs), lifted=True)
         module.last_lift = result.report
+        # a reference that could not be lifted says so to whoever compares against it
+        if not result.report.lifted:
+            reference.oracle_notes.append(result.report.note)
         return _outputs_to_fuseval(result.lifted)
 
     def sol_reference(*inputs):
         """The problem's reference as written (what the benchmark compares against)."""
-        return _outputs_to_fuseval(lift.run_native(source.run, problem_inputs.to_benchmark(problem, inputs)))
+        return _outputs_to_fuseval(problem_code.run_reference(problem, problem_inputs.to_benchmark(problem, inputs),
+                                                              lifted=False))
 
     def benchmark_inputs(defn, axes, seed, device="cpu"):
         """The workload's inputs as its descriptors say (fuseval.interop.inputs)."""
         workload = problem.workload_for({a: axes[a] for a in problem.var_axes})
-        values = problem_inputs.draw_inputs(problem, source, workload, seed, device)
+        values = problem_inputs.draw_inputs(problem, workload, seed, device)
         return problem_inputs.to_fuseval(problem, values)
 
     def __getattr__(attr: str):
+        if attr == "source":               # the reference's own module: executed on first use only
+            return load_reference_module(problem)
         if attr == "PROPERTY_HOOKS":       # the property engine's facts (fuseval.interop.properties)
             from ..properties import problem_hooks
             module.PROPERTY_HOOKS = problem_hooks(problem)
@@ -161,7 +162,6 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         raise AttributeError(f"module {module.__name__!r} has no attribute {attr!r}")
 
     module.PROBLEM = problem
-    module.source = source
     module.last_lift = None
     module.reference = reference
     module.sol_reference = sol_reference
@@ -171,6 +171,7 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
     for fn in (reference, sol_reference, benchmark_inputs):
         fn.__module__ = module.__name__
         fn.__qualname__ = fn.__name__
+    reference.oracle_notes = []
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -17,6 +17,7 @@ import triton
 from . import _kernels as K
 from ._launch import NAME, as_table, bind, gemm, _pow2_at_least, word_aligned
 from ._quant import act_quant
+from ...validate import storage_views
 
 __all__ = ["forward_staged", "STAGES", "STAGES_W4A16"]
 
@@ -78,6 +79,7 @@ def forward_staged(*inputs, taps: MutableMapping[str, torch.Tensor] | None = Non
     oracle's), an overridden ``dequant`` is used as a bf16 weight whose global scale is 1,
     proj/qk_norm/rope are read as fp32, layout as bf16. ``activations="bf16"``: the
     ``w4a16`` variant (:func:`forward_w4a16`), without the ``act_quant`` stage."""
+    inputs = tuple(storage_views(inputs))      # packed FP4 as uint8 or float4_e2m1fn_x2
     if activations not in ("nvfp4", "bf16"):
         raise ValueError(f"{NAME}: activations must be 'nvfp4' or 'bf16', got {activations!r}")
     stages = STAGES if activations == "nvfp4" else STAGES_W4A16

@@ -31,6 +31,7 @@ from . import _kernels as K
 from . import _launch
 from ._launch import H200_TABLE, UNBOUNDED, KernelConfig, as_table, gemm, pick_config, predecode_weights
 from ._quant import DEFAULT_QUANT_CONFIG, ActQuant, QuantConfig, act_quant
+from ...validate import storage_views
 from ._staged import STAGES, STAGES_W4A16, forward_staged
 
 NAME = "nvfp4_qkv_rope"
@@ -118,7 +119,9 @@ def _check_mutant(mutant: str | None) -> None:
 
 def _run(inputs, *, activations: str, config, check_values: bool, mutant: str | None,
          quant_config: QuantConfig, graph_max_tokens: int = GRAPH_MAX_TOKENS):
-    """The fused call: quantizer (W4A4) and GEMM; calls of few tokens replay a CUDA graph."""
+    """The fused call: quantizer (W4A4) and GEMM; calls of few tokens replay a CUDA graph.
+    Packed FP4 weights may come as uint8 or as the benchmark's ``torch.float4_e2m1fn_x2``."""
+    inputs = tuple(storage_views(inputs))
     quant = "tensor" if activations == "nvfp4" else None
     if mutant in _QUANT_MODES:
         quant = _QUANT_MODES[mutant] if activations == "nvfp4" else None

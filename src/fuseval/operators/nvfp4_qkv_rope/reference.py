@@ -25,6 +25,7 @@ import torch
 from ...definitions import load
 from ...refimpl import nvfp4
 from ...refimpl import stages as st
+from ...validate import accepts_benchmark_dtypes
 
 NAME = "nvfp4_qkv_rope"
 
@@ -36,6 +37,7 @@ __all__ = ["reference", "reference_fp32", "reference_w4a16", "torch_eager", "tor
 ACTIVATIONS = ("nvfp4", "bf16")
 
 
+@accepts_benchmark_dtypes
 def reference(hidden_states, cos, sin,
               q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
               k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
@@ -123,6 +125,7 @@ def reference(hidden_states, cos, sin,
     return tuple(t.contiguous() for t in torch.split(out, heads, dim=1))
 
 
+@accepts_benchmark_dtypes
 def reference_fp32(*inputs, taps=None, activations: str = "nvfp4"):
     """The reference computed in float32 (the benchmark's quantizer, exact dequantization,
     fp32 math), outputs rounded to bf16 like any implementation's: the "same formulas,
@@ -203,6 +206,7 @@ def _project_norm_rope(x, cos, sin, weights, q_norm_weight, k_norm_weight, eps, 
     return tuple(t.to(torch.bfloat16).transpose(1, 2).contiguous() for t in (q, k, v))
 
 
+@accepts_benchmark_dtypes
 def torch_eager(hidden_states, cos, sin,
                 q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
                 k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
@@ -235,6 +239,7 @@ def _cached_weight(packed, scale):
     return entry[1]
 
 
+@accepts_benchmark_dtypes
 def torch_cached_bf16(hidden_states, cos, sin,
                       q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
                       k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,
@@ -256,6 +261,7 @@ torch_cached_bf16_w4a16 = functools.partial(torch_cached_bf16, activations="bf16
 
 # --------------------------------------------------------------------------- the benchmark's reference
 @torch.no_grad()
+@accepts_benchmark_dtypes
 def sol_reference(hidden_states, cos, sin,
                   q_proj_weight_fp4, q_proj_scale, q_proj_global_decode_scale,
                   k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale,

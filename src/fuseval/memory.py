@@ -1,0 +1,98 @@
+"""How much memory a device has left for one drawn example: :func:`available_bytes`.
+
+The property engine bounds the size of each draw by it (:func:`draw_budget`), so a
+property run over a problem whose workloads reach gigabytes draws only sizes that fit.
+
+* CUDA: the free memory torch's driver query reports (``torch.cuda.mem_get_info``), plus
+  what torch's caching allocator holds but does not use;
+* CPU: the smallest of the system's available memory (``MemAvailable``), the room left
+  under this process's address-space limit (``RLIMIT_AS``, e.g. ``prlimit --as``) and the
+  room left in its cgroup (``memory.max``); None where none can be read.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Mapping
+
+import torch
+
+__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DRAW_SHARE", "DRAW_COPIES"]
+
+# the share of the available memory one draw may plan for (the oracle's float64 copies and
+# intermediates, the implementation and the comparison come on top of what it counts)
+DRAW_SHARE = 0.5
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _address_space_left() -> int | None:
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    except (ImportError, ValueError, OSError):
+        return None
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        with open("/proc/self/status") as f:
+            used = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    except (OSError, StopIteration, ValueError):
+        return None
+    return max(0, soft - used)
+
+
+def _cgroup_left() -> int | None:
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open("/sys/fs/cgroup/memory.current") as f:
+            used = int(f.read().strip())
+        return max(0, int(limit) - used)
+    except (OSError, ValueError):
+        return None
+
+
+_CPU_SOURCES: tuple[Callable[[], int | None], ...] = (_meminfo_available, _address_space_left, _cgroup_left)
+
+
+def available_bytes(device: str | torch.device) -> int | None:
+    """Bytes ``device`` can still allocate (module docstring); None where unknown."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return int(free + max(0, cached))
+    found = [v for v in (source() for source in _CPU_SOURCES) if v is not None]
+    return min(found) if found else None
+
+
+def draw_budget(device: str | torch.device) -> int | None:
+    """Bytes one drawn example may plan for on ``device`` (``DRAW_SHARE`` of what is
+    available); None: no bound known."""
+    free = available_bytes(device)
+    return None if free is None else int(free * DRAW_SHARE)
+
+
+# float64 copies of the inputs and outputs one example holds at its peak, roughly
+DRAW_COPIES = 4
+
+
+def draw_bytes(defn, axes: Mapping[str, int]) -> int:
+    """What one example of a full axis binding of the definition ``defn`` plans for: every
+    tensor input and output in float64 (the lifted oracle's copies), times
+    :data:`DRAW_COPIES` (the inputs as drawn, the oracle's intermediates, the
+    implementation's outputs, the comparison)."""
+    elements = sum(math.prod(defn.shape_of(spec, axes)) for spec in (*defn.inputs, *defn.outputs)
+                   if not spec.is_scalar)
+    return elements * 8 * DRAW_COPIES

@@ -1,0 +1,65 @@
+"""The lifted float64 oracle never falls back silently: a reference whose float64 run fails
+is reported as such in the verdict (and the exit code, where a float64 verdict was asked
+for), and running out of memory in the float64 run is out of memory, not "another path".
+
+The problem folders are written by these tests."""
+from fuseval import cli
+from fuseval.errors import EXIT_NO_FLOAT64_ORACLE
+from problem_folders import tensor, workload, write_problem
+
+
+def _problem(tmp_path, name: str, body: str):
+    return write_problem(
+        tmp_path / name, name=f"test_{name}",
+        axes={"n": {"type": "var"}, "h": {"type": "const", "value": 8}},
+        inputs={"x": tensor(["n", "h"], "float32")}, outputs={"y": tensor(["n", "h"], "float32")},
+        reference=f"""
+            import torch
+
+
+            @torch.no_grad()
+            def run(x):
+                y = x * 2
+            {body}
+                return y + 1
+            """,
+        workloads=[workload({"n": 3}), workload({"n": 4})])
+
+
+def test_a_reference_that_fails_in_float64_is_reported_and_exits_8(tmp_path, register, capsys):
+    folder = _problem(tmp_path, "float32_only", """
+                if y.dtype != torch.float32:
+                    raise TypeError("this reference computes in float32 only")""")
+    code = cli.main(["check", "--problem", folder, "--impl", "sol_reference", "--in-process", "--no-hygiene"])
+    out, err = capsys.readouterr()
+    assert code == EXIT_NO_FLOAT64_ORACLE, out + err
+    assert "oracle: the reference in its own precision on case(s) 0, 1, because the lifted run raised " \
+           "TypeError: this reference computes in float32 only" in out
+    assert "could not be given" in err
+    # against the benchmark's reference no float64 verdict was asked for: the check passes
+    # ("torch" names the same code as sol_reference: checking a name against itself is refused)
+    assert cli.main(["check", "--problem", folder, "--impl", "torch", "--in-process", "--no-hygiene",
+                     "--against", "sol_reference"]) == 0
+
+
+def test_out_of_memory_in_the_float64_run_is_out_of_memory(tmp_path, register, capsys):
+    folder = _problem(tmp_path, "float64_too_big", """
+                if y.dtype == torch.float64:
+                    raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+                                       "8000000000000 bytes")""")
+    code = cli.main(["check", "--problem", folder, "--impl", "sol_reference", "--in-process", "--no-hygiene"])
+    out, err = capsys.readouterr()
+    assert code == 7, out + err
+    assert "out of memory" in err and "another path" not in out + err
+    assert "--config" not in err                      # a problem folder has no configurations to shrink
+
+
+def test_the_gate_fails_a_check_without_a_float64_oracle(tmp_path, register, capsys):
+    folder = _problem(tmp_path, "gate_float32_only", """
+                if y.dtype != torch.float32:
+                    raise TypeError("float32 only")""")
+    code = cli.main(["gate", "--problem", folder, "--impl", "sol_reference", "--in-process", "--skip",
+                     "properties,budget", "--seeds", "1", "--out", str(tmp_path / "gate"), "--quiet"])
+    out = capsys.readouterr().out
+    assert code == EXIT_NO_FLOAT64_ORACLE, out
+    assert "no float64 oracle" in out

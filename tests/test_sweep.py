@@ -1,0 +1,65 @@
+"""``fuseval sweep``: import and the benchmark reference's check over several problem
+folders, one table (Markdown, JSON, CSV), a reference that misses its own tolerance as a
+finding about the problem, a folder that does not read as that row's note, the time
+budget per problem. The gate step is left out here (its own tests cover it; a gate costs
+tens of seconds per problem on the CPU).
+
+The problem folders are written by these tests; what each row must say follows from how
+each folder was written."""
+import csv
+import json
+import os
+
+from fuseval import cli
+from problem_folders import tensor, workload, write_problem
+
+
+def _problem(root, name, reference_body, n=(3, 5)):
+    return write_problem(
+        root / name, name=f"test_sweep_{name}",
+        axes={"n": {"type": "var"}, "h": {"type": "const", "value": 4}},
+        inputs={"x": tensor(["n", "h"], "float32")}, outputs={"y": tensor(["n", "h"], "float32")},
+        reference=f"""
+            import time
+
+            import torch
+
+
+            def run(x):
+            {reference_body}
+            """,
+        workloads=[workload({"n": v}, atol=1e-6, rtol=1e-6) for v in n])
+
+
+def test_the_sweep_tables_each_problem(tmp_path, capsys):
+    root = tmp_path / "problems"
+    _problem(root, "good", "    return x * 2")
+    # float16 rounding of x / 3: far outside rtol 1e-6 against exact arithmetic
+    _problem(root, "loose", "    return (x.half() / 3).float()")
+    _problem(root, "slow", "    return x if time.sleep(60) is None else x")
+    os.makedirs(root / "broken")
+    (root / "broken" / "definition.json").write_text("{not json")
+    out = tmp_path / "sweep"
+    code = cli.main(["sweep", str(root), "--out", str(out), "--skip", "gate", "--timeout", "15"])
+    printed = capsys.readouterr()
+    assert code == 0, printed.out + printed.err
+    with open(out / "sweep.json") as f:
+        table = json.load(f)
+    rows = {os.path.basename(r["folder"]): r for r in table["rows"]}
+    assert set(rows) == {"good", "loose", "slow", "broken"}
+    assert rows["good"]["import_exit"] == 0 and rows["good"]["reference"] == "pass"
+    assert rows["good"]["matched"] == 1.0
+    assert rows["loose"]["reference"] == "finding" and rows["loose"]["matched"] < 0.99
+    assert rows["slow"]["import_exit"] == 0 and rows["slow"]["reference"] == "timeout"
+    assert rows["broken"]["import_exit"] == 5 and rows["broken"]["reference"] == "not run"
+    assert "not read" in rows["broken"]["note"]
+    assert table["summary"]["imported"] == 3 and table["summary"]["exit 70"] == 0
+    with open(out / "sweep.csv") as f:
+        assert len(list(csv.reader(f))) == 5
+    assert (out / "sweep.md").read_text().count("\n| ") >= 4
+    assert "[4/4]" in printed.err
+
+
+def test_a_path_that_holds_no_problem_is_a_usage_error(tmp_path, capsys):
+    assert cli.main(["sweep", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+    assert "expected a problem folder" in capsys.readouterr().err
