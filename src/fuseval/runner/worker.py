@@ -374,14 +374,19 @@ class Worker:
             reply = self._receive(deadline)
             self._answer(reply, res, expected, want_taps, keep, deadline, len(inputs) + len(override))
         finally:
-            if self.alive():
-                self._end_children(res)
-            self._verify(shared, res)
-            shared.close()
-            if self.alive():
-                self._mark_idle()
-            res.output = self.output.take() if self.output is not None else ""
+            self._after_call(shared, res)
         return res
+
+    def _after_call(self, shared: transport.Shared, res: CallResult) -> None:
+        """What follows every call, whatever it returned: the worker's session emptied, the
+        inputs verified and released, the idle watch started, what it printed taken."""
+        if self.alive():
+            self._end_children(res)
+        self._verify(shared, res)
+        shared.close()
+        if self.alive():
+            self._mark_idle()
+        res.output = self.output.take() if self.output is not None else ""
 
     def _answer(self, reply: dict, res: CallResult, expected, want_taps: bool, keep: bool,
                 deadline: float | None, n_inputs: int) -> None:
@@ -478,13 +483,7 @@ class Worker:
                                                         "watched", "empty", "sets", "output_bytes")}
                 res.outputs = reply.get("outputs") or []
         finally:
-            if self.alive():
-                self._end_children(res)
-            self._verify(shared, res)
-            shared.close()
-            if self.alive():
-                self._mark_idle()
-            res.output = self.output.take() if self.output is not None else ""
+            self._after_call(shared, res)
         return res
 
     def timed_outputs(self, indices: Sequence[int], described: Sequence[Any], expected=None, *,
