@@ -28,7 +28,14 @@ if v.get("fuseval"):
     for path, right in v.get("extra", []):
         path = path.replace("/proc/self", f"/proc/{os.getpid()}")
         extra.append((path, every if right == "all" else getattr(ll.AccessFS, right)))
-    confine._landlock(confine.Plan(v["scratch"], v["cache"]), extra=extra)
+    # the extra rules join fuseval's ruleset just before it is enforced
+    enforce = ll.Ruleset.restrict
+    def restrict(self):
+        for path, rights in extra:
+            self.allow_path(path, rights)
+        return enforce(self)
+    ll.Ruleset.restrict = restrict
+    confine._landlock(confine.Plan(v["scratch"], v["cache"]))
 else:
     with ll.Ruleset(**kw) as r:
         r.allow_path("/", read)
@@ -59,7 +66,6 @@ def main():
     top = sorted("/" + d for d in os.listdir("/") if os.path.isdir("/" + d) and not os.path.islink("/" + d))
     print("top-level folders:", top)
     base = {"fuseval": True, "scratch": scratch, "cache": cache}
-    import landlockpy as ll
     rights = ["WRITE_FILE", "TRUNCATE", "IOCTL_DEV"]      # the rights an open file can need
     variants = {"fuseval ruleset": base}
     for path in ("/proc", "/proc/self", "/proc/self/task", "/proc/driver", "/proc/sys"):

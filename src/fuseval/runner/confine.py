@@ -243,7 +243,7 @@ def _seccomp(module) -> None:
     f.load()
 
 
-def _landlock(plan: Plan, extra: tuple = ()) -> int:
+def _landlock(plan: Plan) -> int:
     import landlockpy as ll
     abi = int(ll.abi_version())
     every = ll.fs_for_abi(abi)
@@ -263,8 +263,6 @@ def _landlock(plan: Plan, extra: tuple = ()) -> int:
             # (cudaGetDeviceCount fails with error 304 without); those files reach only
             # this process, which the rest of the confinement already holds
             rules.allow_path(f"/proc/{os.getpid()}", every)
-        for path, rights in extra:
-            rules.allow_path(path, rights)
         rules.restrict()
     return abi
 
