@@ -46,9 +46,9 @@ from .errors import VIOLATION_EXIT, NoDeviceError, UsageError
 from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
                       poison_allocator, same_outputs)
 from .in_process import Local, as_tuple, sync
-from .inputs import TORCH_DTYPES, generate_inputs
+from .inputs import generate_inputs
 from .oracles import oracle_note, reference_refusal, side_oracles
-from .validate import bind_axes, check_outputs_shape
+from .validate import bind_axes, check_outputs_shape, expected_outputs
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
@@ -183,7 +183,7 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
         if inputs is None:
             inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
         bound = bind_axes(defn, inputs, check_values=False)
-    expected = [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+    expected = expected_outputs(defn, bound)
     out_bytes = sum(math.prod(defn.shape_of(s, bound)) * 4 for s in defn.outputs)
     # the oracles run first, on fuseval's own inputs: what the implementation does to its
     # copy cannot change the question it is asked

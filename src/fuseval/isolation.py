@@ -234,12 +234,10 @@ class IsolatedImpl:
     def _expected(self, inputs):
         """(shape, dtype) of each output the definition gives for these inputs: what
         bounds the buffers fuseval allocates for the answer and its taps."""
-        from .inputs import TORCH_DTYPES
-        from .validate import bind_axes
+        from .validate import bind_axes, expected_outputs
         defn = self.worker.defn
         try:
-            bound = bind_axes(defn, inputs, check_values=False)
-            return [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+            return expected_outputs(defn, bind_axes(defn, inputs, check_values=False))
         except Exception:  # noqa: BLE001 - inputs the definition cannot bind: the default bound
             return None
 

@@ -179,6 +179,12 @@ def _complete(defn: Definition, bound: dict[str, int]) -> None:
                     pass
 
 
+def expected_outputs(defn: Definition, bound: Mapping[str, int]) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    """(shape, dtype) of each output the definition gives for the bound axes: what an
+    answer is checked against and what bounds the buffers fuseval allocates for it."""
+    return [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+
+
 def check_outputs_shape(defn: Definition, outputs: Any, bound: Mapping[str, int]) -> list[str]:
     """Problems with an implementation's outputs (count, type, shape, dtype), as messages."""
     if isinstance(outputs, torch.Tensor):

@@ -98,6 +98,15 @@ def _tensor_spans(inputs) -> list[tuple[int, int, int]]:
     return spans
 
 
+def _output_list(out: Any) -> list[Any]:
+    """What an answer holds, output by output: one tensor, the first 64 items of a tuple or
+    list, else nothing (what each item is, is described and judged by fuseval)."""
+    import torch
+    if isinstance(out, torch.Tensor):
+        return [out]
+    return list(out)[:64] if isinstance(out, (tuple, list)) else []
+
+
 def _guarded(thunk: Callable[[], Any]) -> tuple[dict | None, Any]:
     """Run implementation code: (failure reply or None, result)."""
     try:
@@ -272,10 +281,7 @@ class _Worker:
             return
         numbers, kept = result
         self.timed = kept
-        first = kept[0] if kept else ()
-        outs = [first] if isinstance(first, torch.Tensor) else list(first)[:64] if isinstance(first, (tuple, list)) \
-            else []
-        described = [_describe(o, req["device"], _tensor_spans(sets[0])) for o in outs]
+        described = [_describe(o, req["device"], _tensor_spans(sets[0])) for o in _output_list(kept[0] if kept else ())]
         self.reply({"status": "timed", **numbers, "outputs": described, **integ})
 
     def timed_outputs(self, indices, payload, nfds) -> None:
@@ -286,8 +292,7 @@ class _Worker:
         kept, self.timed = self.timed or [], None
         picked = []
         for i in indices:
-            out = kept[i] if isinstance(i, int) and 0 <= i < len(kept) else None
-            picked += [out] if isinstance(out, torch.Tensor) else list(out) if isinstance(out, (tuple, list)) else []
+            picked += _output_list(kept[i] if isinstance(i, int) and 0 <= i < len(kept) else None)
         dev = torch.device("cuda") if any(getattr(b, "is_cuda", False) for b in bufs if b is not None) \
             else torch.device("cpu")
         changed = self._copy(bufs, picked, dev) if len(picked) == len(bufs) else ["count"]

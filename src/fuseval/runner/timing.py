@@ -98,7 +98,7 @@ def _keep_bytes(device) -> int:
 
 def time_impl(runner: Any, defn, case, *, seed: int, mode: str, device, reference: Callable,
               tolerance, rules: Mapping[str, Any], floor_ms: float | None = None,
-              deadline: float | None = None, progress: Callable[[str], None] | None = None) -> TimedRun:
+              deadline: float | None = None) -> TimedRun:
     """Time ``runner`` (a :class:`fuseval.runner.Worker`, or a callable trusted to run in
     this process) on ``case`` and judge the run. ``rules``: the timer's (warm-up, reps,
     flush). The timed calls' inputs are rebuilt here for the checked ones."""
@@ -127,10 +127,8 @@ def time_impl(runner: Any, defn, case, *, seed: int, mode: str, device, referenc
     n_kept = int(raw.get("kept") or 0)
     picks = sorted(secrets.SystemRandom().sample(range(n_kept), min(CHECKED_CALLS, n_kept)))
     if isinstance(runner, Worker):
-        from ..inputs import TORCH_DTYPES
-        from ..validate import bind_axes
-        bound = bind_axes(defn, sets[0], check_values=False)
-        expected = [(defn.shape_of(s, bound), TORCH_DTYPES[s.dtype]) for s in defn.outputs]
+        from ..validate import bind_axes, expected_outputs
+        expected = expected_outputs(defn, bind_axes(defn, sets[0], check_values=False))
         got, res2 = runner.timed_outputs(picks, described or [], expected, deadline=deadline)
         refused += [(v, m) for v, m in zip(res2.violations, res2.messages)]
     else:

@@ -350,12 +350,7 @@ class Worker:
         bound what fuseval allocates for a malformed answer. ``keep``: the worker keeps the
         answer for :meth:`recheck_kept` (``new_case`` forgets the previous case's first)."""
         import torch
-        if not self.alive():
-            self.start()
-        res = CallResult("ok")
-        idle = self.idle_violation()
-        if idle:
-            res.add("lingering_thread", idle)
+        res = self._begin_call()
         if new_case:
             self.kept = []
         override = dict(override or {})
@@ -375,6 +370,17 @@ class Worker:
             self._answer(reply, res, expected, want_taps, keep, deadline, len(inputs) + len(override))
         finally:
             self._after_call(shared, res)
+        return res
+
+    def _begin_call(self) -> CallResult:
+        """The result of a call about to be made, the worker started if it is not alive,
+        with what the worker did while it waited (the idle watch) already on it."""
+        if not self.alive():
+            self.start()
+        res = CallResult("ok")
+        idle = self.idle_violation()
+        if idle:
+            res.add("lingering_thread", idle)
         return res
 
     def _after_call(self, shared: transport.Shared, res: CallResult) -> None:
@@ -459,12 +465,7 @@ class Worker:
         in the worker). ``res.timing`` holds the loop's numbers (fuseval's to judge) and
         ``res.outputs`` the description of one timed call's outputs, for :meth:`timed_outputs`."""
         import torch
-        if not self.alive():
-            self.start()
-        res = CallResult("ok")
-        idle = self.idle_violation()
-        if idle:
-            res.add("lingering_thread", idle)
+        res = self._begin_call()
         shared = transport.share_inputs([x for s in sets for x in s])
         req = {"inputs": shared.payload, "nfds": len(shared.fds), "n_inputs": len(sets[0]), "sets": len(sets),
                "activation": activation, "seed": int(seed), "device": self.device,
