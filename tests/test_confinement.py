@@ -26,6 +26,16 @@ from fuseval.runner import confine
 OP = "nvfp4_qkv_rope"
 ROOT = Path(__file__).resolve().parents[1]
 
+# the device the hostiles run on (FUSEVAL_TEST_DEVICE=cuda on a GPU machine)
+DEVICE = os.environ.get("FUSEVAL_TEST_DEVICE", "cpu")
+
+
+def _path(folder) -> str:
+    """The subprocess's import path: this tree, the hostile's folder, then the caller's own
+    (where the confinement's bindings may be installed)."""
+    return os.pathsep.join([str(ROOT / "src"), str(folder)] + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
+
+
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the confinement is Linux's")
 needs_seccomp = pytest.mark.skipif(not confine.probe().seccomp, reason="no seccomp on this machine")
 needs_landlock = pytest.mark.skipif(not confine.probe().landlock_abi, reason="no Landlock on this machine")
@@ -40,7 +50,7 @@ def noise(*a):
     total = sum(int(t.contiguous().view(-1).view(torch.uint8).long().sum()) * (i + 1)
                 for i, t in enumerate(a) if isinstance(t, torch.Tensor) and t.numel())
     g = torch.Generator().manual_seed(total % (2 ** 31))
-    return tuple(torch.randn(o.shape, generator=g).to(o.dtype) for o in torch_eager(*a))
+    return tuple(torch.randn(o.shape, generator=g).to(o.dtype).to(o.device) for o in torch_eager(*a))
 '''
 
 # name -> (source, the exit status the check must end with, a word its output must hold)
@@ -195,11 +205,11 @@ def hostile_dir(tmp_path_factory):
 
 def run_check(folder: Path, impl: str, *extra: str, timeout: float = 240, preexec=None):
     """``fuseval check`` of ``impl`` in a process of its own, in ``folder``, seed at random."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(folder)])}
+    env = {**os.environ, "PYTHONPATH": _path(folder)}
     env.pop("FUSEVAL_PROBLEM_PATH", None)
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "fuseval.cli", "check", "--op", OP, "--impl", impl,
-                           "--cases", "0", "--no-predict", *extra], capture_output=True, text=True, env=env,
+                           "--cases", "0", "--no-predict", "--device", DEVICE, *extra], capture_output=True, text=True, env=env,
                           cwd=str(folder), timeout=timeout, preexec_fn=preexec)
     return proc, time.monotonic() - t0
 
@@ -208,8 +218,12 @@ def run_check(folder: Path, impl: str, *extra: str, timeout: float = 240, preexe
 @needs_seccomp
 @needs_landlock
 @pytest.mark.parametrize("name", list(HOSTILE))
-def test_confined_worker_rejects(hostile_dir, name):
+def test_confined_worker_rejects(hostile_dir, name, request):
     _, status, word = HOSTILE[name]
+    if name == "h_scribble_restore" and DEVICE.startswith("cuda"):
+        # the documented gap (docs/security.md): a CUDA input restored before the call
+        # returns is not seen; strict, so that closing the gap shows here
+        request.applymarker(pytest.mark.xfail(strict=True, reason="a restored scribble on CUDA is not seen"))
     before = {p.name for p in hostile_dir.iterdir()}
     proc, seconds = run_check(hostile_dir, f"{name}:impl", "--timeout", "60", timeout=45 if name == "h_grandchild"
                               else 240)
@@ -330,7 +344,7 @@ PLUGIN_ROUTES = ["h_tile_rows", "h_fake_lines"]
 def test_gate_route_rejects(hostile_dir, tmp_path, name):
     import json
     _, status, word = HOSTILE[name]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(hostile_dir)])}
+    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
     out = tmp_path / "gate"
     proc = subprocess.run([sys.executable, "-m", "fuseval.cli", "gate", "--op", OP, "--impl", f"{name}:impl",
                            "--skip", "properties", "--cases", "0", "--seeds", "1", "--budget-cases", "0",
@@ -351,7 +365,7 @@ def test_gate_route_rejects(hostile_dir, tmp_path, name):
 @linux_only
 def test_plugin_route_rejects(hostile_dir, tmp_path):
     (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(hostile_dir)])}
+    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
     args = [f"--fuseval-gate={OP}={name}:impl" for name in PLUGIN_ROUTES]
     import importlib.metadata
     registered = any(ep.name == "fuseval" and ep.value == "fuseval.pytest_plugin"

@@ -13,7 +13,7 @@ import torch
 import fuseval
 from fuseval.comparison import compare
 from fuseval.definitions import Tolerance
-from fuseval.interop.problems import load_reference_module
+from fuseval.interop.problem_code import reference_module
 from fuseval.interop.sol_problem import read_problem
 from fuseval.validate import bind_axes
 
@@ -24,7 +24,7 @@ INT_BOOL = os.path.join(DATA, "int_bool_0d")
 
 
 def _reference(*inputs):
-    return load_reference_module(read_problem(INT_BOOL)).run(*inputs)
+    return reference_module(read_problem(INT_BOOL)).run(*inputs)
 
 
 def test_a_zero_d_shape_is_a_zero_d_tensor_not_a_python_scalar(register):

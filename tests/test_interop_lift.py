@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fuseval.interop import emulate, lift
-from fuseval.interop.problems import load_reference_module
+from fuseval.interop.problem_code import reference_module
 from fuseval.interop.sol_problem import read_problem
 from fuseval.refimpl import nvfp4
 
@@ -132,7 +132,7 @@ def test_a_python_float_taken_out_of_a_tensor_flows_into_a_later_quantizer():
 
 def test_problem_fixture_quantizer_is_reported():
     p = read_problem(os.path.join(DATA, "fp8_quant"))
-    source = load_reference_module(p)
+    source = reference_module(p)
     x, w = torch.randn(16, 64), torch.randn(8, 64) / 8
     result = lift.run_lifted(source.run, [x, w], list(p.inputs))
     lines = "\n".join(result.report.lines())

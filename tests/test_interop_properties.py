@@ -154,9 +154,9 @@ def test_imported_problems_draw_the_benchmark_and_adversarial_recipes_only(regis
 def off_by_a_thousandth(x, offsets, mask, gate, scale):
     """Mutant of the int/bool problem: y off by 1e-3, inside the evaluator's default
     tolerance (1e-2) and outside the workloads' own (1e-4)."""
-    from fuseval.interop.problems import load_reference_module
+    from fuseval.interop.problem_code import reference_module
     from fuseval.interop.sol_problem import read_problem
-    y, count, any_masked, total = load_reference_module(read_problem(INT_BOOL)).run(x, offsets, mask, gate, scale)
+    y, count, any_masked, total = reference_module(read_problem(INT_BOOL)).run(x, offsets, mask, gate, scale)
     return y + 1e-3, count, any_masked, total
 
 

@@ -27,10 +27,36 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT"]
+__all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT", "IN_WORKER", "note"]
 
 # characters of an exception's text a reply carries (the rest is cut, and says so)
 MAX_TEXT = 600
+# the largest note a call's reply carries (JSON characters)
+MAX_NOTE = 1 << 20
+# whether this process is a worker (a problem's code runs in place here, never in another
+# worker: :mod:`fuseval.interop.problem_code`)
+IN_WORKER = False
+_NOTE: list[Any] = [None]
+
+
+def note(obj: Any) -> None:
+    """What fuseval's own code served in a worker says about the current call besides its
+    tensors (JSON data; :mod:`fuseval.interop.problem_code`): sent with the reply, read by
+    fuseval as data. An implementation may call it too; only the callers that asked for a
+    note read one."""
+    _NOTE[0] = obj
+
+
+def _note_text() -> str | None:
+    if _NOTE[0] is None:
+        return None
+    try:
+        text = json.dumps(_NOTE[0])
+    except (TypeError, ValueError):
+        text = json.dumps({"error": {"message": "the call's note is not JSON data"}})
+    if len(text) > MAX_NOTE:
+        text = json.dumps({"error": {"message": f"the call's note has {len(text)} characters, more than {MAX_NOTE}"}})
+    return text
 
 
 def impl_error_location(exc: BaseException) -> str:
@@ -195,6 +221,7 @@ class _Worker:
         if req.get("poison"):
             poison_allocator(dev, int(req["poison"]))
         before = integrity.threads()
+        _NOTE[0] = None
         t0 = time.perf_counter()
         failure, out, taps = self._run(req, inputs, override, dev)
         seconds = time.perf_counter() - t0
@@ -218,7 +245,7 @@ class _Worker:
         tname = type(out).__qualname__ if type(out).__module__ == "builtins" else \
             f"{type(out).__module__}.{type(out).__qualname__}"
         self.reply({"status": "ok", "seconds": seconds, "shape": shape, "type": cut(tname, 200),
-                    "outputs": described, "taps": tap_desc, "n_taps": len(taps), **integ})
+                    "outputs": described, "taps": tap_desc, "n_taps": len(taps), "note": _note_text(), **integ})
         fill = self.conn.recv()
         if fill[0] != "fill":
             return
@@ -333,6 +360,8 @@ def _take_stdio(conn) -> None:
 
 def child_main(conn, threads: int, plan) -> None:
     """The worker's loop (the target of the spawned process)."""
+    global IN_WORKER
+    IN_WORKER = True
     _take_stdio(conn)
     from .runner import confine
     applied = confine.enter(plan)

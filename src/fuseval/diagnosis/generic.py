@@ -63,6 +63,10 @@ class _Mistake(TorchFunctionMode):
         self.kind, self.hits, self.site, self.count_only = kind, 0, site, count_only
         self.sites: list[str] = []          # each call the mistake applies to, in words
 
+    def summary(self) -> dict:
+        """What the run under this mode did (JSON data: it crosses from a problem's worker)."""
+        return {"hits": self.hits, "sites": list(self.sites)}
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if self.count_only or self.site is not None:
@@ -187,23 +191,15 @@ GENERIC_MISTAKES = {
 }
 
 
-def _oracle_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
-    """How to run ``op``'s oracle: an imported problem's reference through the lifted run;
-    any other operator's float64 reference as it is."""
+def _problem_of(op: str):
+    """The problem folder behind ``op``, or None for an operator of fuseval's own."""
     from .. import operators
-    spec = operators.spec(op)
-    module = importlib.import_module(spec.package)
-    if hasattr(module, "PROBLEM") and hasattr(module, "source"):
-        from ..interop import inputs as problem_inputs
-        from ..interop import lift
-        from ..interop.problems import _outputs_to_fuseval
-        problem = module.PROBLEM
-        names = list(problem.inputs)
+    module = importlib.import_module(operators.spec(op).package)
+    return getattr(module, "PROBLEM", None)
 
-        def run(inputs):
-            result = lift.run_lifted(module.source.run, problem_inputs.to_benchmark(problem, list(inputs)), names)
-            return _outputs_to_fuseval(result.lifted)
-        return run
+
+def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
+    """How to run the float64 reference of one of fuseval's own operators."""
     from ..definitions import load
     from ..ops import resolve_impl
     ref = resolve_impl(load(op), "reference")
@@ -221,11 +217,20 @@ PER_SITE = {"transposed_operand": 8}
 def run_generic(op: str, kind: str, inputs: Sequence[Any], site: int | None = None,
                 count_only: bool = False) -> tuple[tuple | None, int, list[str]]:
     """(the oracle's outputs with mistake ``kind`` (at call ``site`` only, when given), how
-    many calls it rewrote, the calls it applies to)."""
-    run = _oracle_runner(op)
+    many calls it rewrote, the calls it applies to). An imported problem's oracle is its
+    reference lifted to float64, run where its code runs
+    (:func:`fuseval.interop.problem_code.run_reference`, under this module's mode)."""
+    problem = _problem_of(op)
+    if problem is not None:
+        from ..interop import inputs as problem_inputs
+        from ..interop.problem_code import run_reference
+        from ..interop.problems import _outputs_to_fuseval
+        result, said = run_reference(problem, problem_inputs.to_benchmark(problem, list(inputs)), lifted=True,
+                                     mode=(f"{__name__}:_Mistake", [kind, site, count_only]))
+        return tuple(_outputs_to_fuseval(result.lifted)), int(said["hits"]), [str(x) for x in said["sites"]]
     mode = _Mistake(kind, site, count_only)
     with torch.no_grad(), mode:
-        outs = run(inputs)
+        outs = _reference_runner(op)(inputs)
     return tuple(outs), mode.hits, mode.sites
 
 

@@ -163,7 +163,7 @@ def _shape(problem: Problem, name: str, axes: Mapping[str, int]) -> tuple[int, .
 
 
 @contextlib.contextmanager
-def _seeded_global_generators(seed: int, device: torch.device):
+def seeded_global_generators(seed: int, device: torch.device):
     """torch's, Python's and numpy's global generators seeded for a custom entry point,
     and restored afterwards."""
     import numpy as np
@@ -186,11 +186,8 @@ def _custom_inputs(problem: Problem, workload: Workload, axes: Mapping[str, int]
                    device: torch.device) -> dict[str, Any]:
     from .problem_code import custom_inputs
     scalars = {n: s["value"] for n, s in workload.inputs.items() if s.get("type") == "scalar"}
-    with torch.no_grad(), _seeded_global_generators(seed, device):
-        values = custom_inputs(problem, {**axes, **scalars}, device)
+    values = custom_inputs(problem, {**axes, **scalars}, device, seed)
     where = f"problem {problem.name!r}: {problem.custom_inputs_entrypoint}()"
-    if not isinstance(values, dict):
-        raise ProblemError(f"{where} returned {type(values).__name__}, expected a dict of inputs by name")
     wanted = [n for n, s in workload.inputs.items() if s.get("type") == "custom"]
     missing = [n for n in wanted if n not in values]
     if missing:

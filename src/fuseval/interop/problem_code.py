@@ -2,14 +2,25 @@
 
 A problem folder is data (``definition.json``, ``workload.jsonl``) plus code: its
 reference (``run``) and, for some, a ``custom_inputs_entrypoint``. Reading, listing,
-importing and exporting a problem use the data only; the code runs only through the three
-functions here, so that a confined process can run it instead of fuseval's own by
-replacing them:
+importing and exporting a problem use the data only; the code runs only through the
+functions here:
 
 * :func:`reference_module`: the reference source executed as a module (cached);
 * :func:`run_reference`: the reference on one set of inputs, as written and (``lifted``)
-  lifted to float64 (:mod:`fuseval.interop.lift`);
+  lifted to float64 (:mod:`fuseval.interop.lift`), optionally under a torch function mode
+  of fuseval's own (the diagnosis's generic mistakes);
 * :func:`custom_inputs`: the problem's custom input entry point.
+
+**Where it runs.** A problem folder is code from elsewhere, so it gets what an
+implementation under test gets: when fuseval isolates (:data:`fuseval.isolation.ISOLATE`:
+always in the CLI, ``--in-process`` included, which trusts the implementation, not the
+problem), each function above sends its request to a confined worker of the problem's own (:mod:`fuseval.isolation`: its own
+session, no capabilities, seccomp, Landlock, standard output and error captured), which
+runs the code there and hands back tensors and a small JSON note (the lift report, the
+custom inputs' names, the mode's summary, or the error). What the worker breaks (a child
+left running, a hang past :data:`TIMEOUT`, a crash, a reply that is not fuseval's) is a
+:class:`ProblemCodeViolation`, exit code by the violation. Inside a worker (an
+implementation's or the problem's own) the code runs in place.
 
 What the problem's code raises leaves as a :class:`ProblemCodeError` (it names the
 function and the exception), so the callers can tell "the problem refused these inputs"
@@ -18,14 +29,22 @@ MemoryError), for the callers that treat memory as a budget.
 """
 from __future__ import annotations
 
+import importlib
+import json
 import sys
 import types
+from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..errors import is_out_of_memory
+from ..errors import exit_code_for, is_out_of_memory
 from .sol_problem import Problem, ProblemError
 
-__all__ = ["ProblemCodeError", "reference_module", "run_reference", "custom_inputs"]
+__all__ = ["ProblemCodeError", "ProblemCodeViolation", "reference_module", "run_reference", "custom_inputs",
+           "serve", "TIMEOUT"]
+
+# seconds one request to a problem's confined worker may take (its reference at the
+# largest workload, lifted, on a CPU)
+TIMEOUT = 1800.0
 
 
 class ProblemCodeError(ProblemError):
@@ -43,9 +62,26 @@ class ProblemCodeError(ProblemError):
         self.cause = cause
 
 
+class ProblemCodeViolation(ProblemError):
+    """The problem's code broke a rule of its confined worker (``violation``: the name
+    :mod:`fuseval.isolation` gives it: ``child_process``, ``timeout``, ``crashed``...)."""
+
+    def __init__(self, problem: Problem, violation: str, message: str):
+        super().__init__(f"problem {problem.name!r}: its code ran confined and broke a rule: {violation}: {message}",
+                         exit_code_for([violation]))
+        self.violation = violation
+
+
+class _RemoteError(Exception):
+    """An exception the problem's code raised in its worker, rebuilt from its type's name
+    and its text (never unpickled)."""
+
+
+# --------------------------------------------------------------------------- in place
 def reference_module(problem: Problem) -> types.ModuleType:
     """The problem's reference source executed as a module of its own
-    (``<problem module>.source``), once per process."""
+    (``<problem module>.source``), once per process (the process this runs in: call it
+    only where the problem's code may run, :func:`runs_here`)."""
     name = problem.module + ".source"
     if name in sys.modules:
         return sys.modules[name]
@@ -72,22 +108,216 @@ def _guarded(problem: Problem, what: str, fn, *args):
         raise ProblemCodeError(problem, what, exc) from exc
 
 
-def run_reference(problem: Problem, inputs: Sequence[Any], *, lifted: bool):
+def _mode_from(path: str, args: Sequence[Any]):
+    """A torch function mode of fuseval's own, named ``fuseval.<module>:<class>``."""
+    module, _, attr = str(path).partition(":")
+    if not module.startswith("fuseval.") or not attr:
+        raise ValueError(f"a problem's code runs under fuseval's own modes only, not {path!r}")
+    return getattr(importlib.import_module(module), attr)(*args)
+
+
+def _reference_here(problem: Problem, inputs: Sequence[Any], lifted: bool, mode: tuple | None):
+    from . import lift
+    source = reference_module(problem)
+    if not lifted:
+        return _guarded(problem, "its reference", lift.run_native, source.run, inputs), None
+    if mode is None:
+        return _guarded(problem, "its reference", lift.run_lifted, source.run, inputs, list(problem.inputs)), None
+    active = _mode_from(*mode)
+    with active:
+        result = _guarded(problem, "its reference", lift.run_lifted, source.run, inputs, list(problem.inputs))
+    return result, active.summary()
+
+
+def _custom_inputs_here(problem: Problem, axes_and_scalars: Mapping[str, Any], device, seed: int) -> dict:
+    import torch
+
+    from .inputs import seeded_global_generators
+    fn = getattr(reference_module(problem), problem.custom_inputs_entrypoint)
+    where = f"{problem.custom_inputs_entrypoint}()"
+    with torch.no_grad(), seeded_global_generators(seed, torch.device(device)):
+        values = _guarded(problem, where, fn, dict(axes_and_scalars), torch.device(device))
+    if not isinstance(values, dict):
+        raise ProblemError(f"problem {problem.name!r}: {where} returned {type(values).__name__}, "
+                           "expected a dict of inputs by name")
+    return values
+
+
+# --------------------------------------------------------------------------- the public three
+def run_reference(problem: Problem, inputs: Sequence[Any], *, lifted: bool, mode: tuple | None = None):
     """The reference's ``run`` on ``inputs`` (benchmark format, definition order).
 
     ``lifted`` False: its outputs as written (a tuple); True: the
     :class:`~fuseval.interop.lift.LiftResult` of the run as written and lifted to float64.
+    ``mode`` ("fuseval.module:Class", args), lifted runs only: the run under that torch
+    function mode; the result is then (LiftResult, the mode's ``summary()``).
     The run as written raising is a :class:`ProblemCodeError`; the lifted run failing is
     reported in the result (``report.lifted`` False and why), never hidden."""
-    from . import lift
-    source = reference_module(problem)
-    if not lifted:
-        return _guarded(problem, "its reference", lift.run_native, source.run, inputs)
-    return _guarded(problem, "its reference", lift.run_lifted, source.run, inputs, list(problem.inputs))
+    if runs_here():
+        result, summary = _reference_here(problem, inputs, lifted, mode)
+    else:
+        result, summary = _confined(problem, {"kind": "reference", "lifted": bool(lifted),
+                                              "mode": list(mode) if mode else None}, inputs)
+    return (result, summary) if mode is not None else result
 
 
-def custom_inputs(problem: Problem, axes_and_scalars: Mapping[str, Any], device) -> Any:
-    """``custom_inputs_entrypoint(axes_and_scalars, device)`` of the problem (the caller
-    seeds the global generators)."""
-    fn = getattr(reference_module(problem), problem.custom_inputs_entrypoint)
-    return _guarded(problem, f"{problem.custom_inputs_entrypoint}()", fn, dict(axes_and_scalars), device)
+def custom_inputs(problem: Problem, axes_and_scalars: Mapping[str, Any], device, seed: int) -> dict:
+    """``custom_inputs_entrypoint(axes_and_scalars, device)`` of the problem, with the
+    global generators seeded from ``seed`` (a dict of its inputs by name)."""
+    if runs_here():
+        return _custom_inputs_here(problem, axes_and_scalars, device, seed)
+    import torch
+    return _confined(problem, {"kind": "custom_inputs", "axes": dict(axes_and_scalars), "seed": int(seed),
+                               "device": str(torch.device(device))}, [], device=str(device))[0]
+
+
+def runs_here() -> bool:
+    """Whether a problem's code runs in this process: inside a worker, or when a Python
+    caller turned isolation off (:data:`fuseval.isolation.ISOLATE`)."""
+    from .. import isolation, worker_process
+    return worker_process.IN_WORKER or not isolation.ISOLATE
+
+
+# --------------------------------------------------------------------------- confined
+@dataclass(frozen=True)
+class ProblemCode:
+    """What a problem's worker serves (in the place of an operator's definition): the
+    folder, named so that each problem has a worker of its own."""
+    directory: str
+    name: str
+    variant: str | None = None
+    implementations: dict = field(default_factory=dict)
+    inputs: tuple = ()
+    outputs: tuple = ()
+    output_names: tuple = ()
+    stage_names: tuple = ()
+
+
+_SCALAR_TYPES = {"int": int, "float": float, "bool": bool}
+
+
+def _pack(values: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """Tensors to send, and what each was: "tensor", "fp4" (sent as its bytes), "none",
+    or a Python scalar's type (sent as a 0-d tensor)."""
+    import torch
+    tensors, kinds = [], []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            fp4 = v.dtype == torch.float4_e2m1fn_x2
+            tensors.append(v.view(torch.uint8) if fp4 else v)
+            kinds.append("fp4" if fp4 else "tensor")
+        elif v is None:
+            tensors.append(torch.empty(0))
+            kinds.append("none")
+        elif type(v) in (int, float, bool):
+            tensors.append(torch.tensor(v))
+            kinds.append(type(v).__name__)
+        else:
+            raise TypeError(f"a value of type {type(v).__name__} cannot leave a problem's worker "
+                            "(tensors, numbers and None can)")
+    return tensors, kinds
+
+
+def _unpack(tensors: Sequence[Any], kinds: Sequence[str]) -> list[Any]:
+    import torch
+    out = []
+    for t, k in zip(tensors, kinds):
+        if k == "fp4":
+            out.append(t.view(torch.float4_e2m1fn_x2))
+        elif k == "none":
+            out.append(None)
+        elif k in _SCALAR_TYPES:
+            out.append(_SCALAR_TYPES[k](t.item()))
+        else:
+            out.append(t)
+    return out
+
+
+def _request_tensor(request: Mapping[str, Any]):
+    import torch
+    return torch.frombuffer(bytearray(json.dumps(request).encode()), dtype=torch.uint8)
+
+
+def serve(request, *tensors):
+    """The worker's side (the function a problem's worker serves): run one request and
+    return its tensors; what it says besides goes in the reply's note
+    (:func:`fuseval.worker_process.note`). Errors of the problem's code travel in the
+    note; running out of memory raises, for the worker to report as such."""
+    from . import problems
+    from ..worker_process import note
+    req = json.loads(bytes(request.numpy()).decode())
+    try:
+        problem = importlib.import_module(problems.remember(req["directory"])).PROBLEM
+        values = _unpack(tensors, req["kinds"])
+        if req["kind"] == "custom_inputs":
+            produced = _custom_inputs_here(problem, req["axes"], req["device"], req["seed"])
+            names = [n for n in produced if isinstance(n, str)]
+            sent, kinds = _pack([produced[n] for n in names])
+            note({"names": names, "kinds": kinds})
+            return tuple(sent)
+        result, summary = _reference_here(problem, values, req["lifted"], tuple(req["mode"]) if req["mode"] else None)
+        if not req["lifted"]:
+            sent, kinds = _pack(result)
+            note({"kinds": kinds})
+            return tuple(sent)
+        native, native_kinds = _pack(result.native)
+        lifted, lifted_kinds = _pack(result.lifted)
+        note({"kinds": native_kinds + lifted_kinds, "n_native": len(native), "report": asdict(result.report),
+              "summary": summary})
+        return tuple(native + lifted)
+    except Exception as exc:  # noqa: BLE001 - every failure but memory travels as data
+        if is_out_of_memory(exc):
+            raise
+        cause = exc.cause if isinstance(exc, ProblemCodeError) else exc
+        note({"error": {"problem_code": isinstance(exc, ProblemCodeError), "message": str(exc)[:2000],
+                        "what": getattr(exc, "what", ""), "type": type(cause).__name__[:100],
+                        "text": str(cause)[:2000]}})
+        return ()
+
+
+def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: str | None = None):
+    """Send ``request`` with ``inputs`` to the problem's worker; (result, mode summary)."""
+    import time
+
+    import torch
+
+    from .. import isolation
+    if device is None:
+        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cpu")
+    kind = "cuda" if str(device).startswith("cuda") else "cpu"
+    tensors, kinds = _pack(inputs)
+    request = {**request, "directory": problem.directory, "kinds": kinds}
+    worker = isolation.worker_for("fuseval.interop.problem_code:serve", ProblemCode(problem.directory, problem.name),
+                                  kind)
+    res = worker.call([_request_tensor(request)] + tensors, deadline=time.monotonic() + TIMEOUT)
+    said = res.note if isinstance(res.note, dict) else {}
+    # a reference that updates its inputs in place (a KV cache) wrote its worker's private
+    # copies: its own semantics, not a violation, and fuseval's copies are unchanged
+    keep = [k for k, v in enumerate(res.violations) if v != "mutated_input"]
+    res.violations, res.messages = [res.violations[k] for k in keep], [res.messages[k] for k in keep]
+    if res.violations:
+        if res.violations[0] == "out_of_memory":
+            raise torch.OutOfMemoryError(f"problem {problem.name!r}: its code ran out of memory: {res.error}")
+        printed = f"; it printed: {res.output.strip()[-600:]!r}" if res.output.strip() else ""
+        raise ProblemCodeViolation(problem, res.violations[0], "; ".join(res.messages)[:1500] + printed)
+    error = said.get("error")
+    if isinstance(error, dict):
+        if error.get("problem_code"):
+            cause = type(str(error.get("type") or "Exception"), (_RemoteError,), {})(str(error.get("text")))
+            raise ProblemCodeError(problem, str(error.get("what")), cause)
+        raise ProblemError(str(error.get("message")))
+    kinds_back = [str(k) for k in said.get("kinds", [])]
+    outputs = list(res.outputs or ())
+    if len(kinds_back) != len(outputs):
+        raise ProblemCodeViolation(problem, "tampered", f"its worker answered {len(outputs)} values and "
+                                   f"described {len(kinds_back)}")
+    values = _unpack(outputs, kinds_back)
+    if request["kind"] == "custom_inputs":
+        return dict(zip([str(n) for n in said.get("names", [])], values)), None
+    if not request["lifted"]:
+        return tuple(values), None
+    from .lift import LiftReport, LiftResult
+    n = int(said.get("n_native", 0))
+    report = LiftReport(**{k: v for k, v in (said.get("report") or {}).items()
+                           if k in LiftReport.__dataclass_fields__})
+    return LiftResult(tuple(values[:n]), tuple(values[n:]), report), said.get("summary")

@@ -49,6 +49,7 @@ class CallResult:
     error: str = ""
     output: str = ""                  # what the implementation printed during the call
     timing: dict | None = None        # a timed run's numbers (Worker.time)
+    note: Any = None                  # what fuseval's own code served in the worker said (JSON data)
 
     @property
     def ok(self) -> bool:
@@ -400,6 +401,9 @@ class Worker:
         if not self._status(reply, res, "ok"):
             return
         outs = reply.get("outputs") or []
+        if isinstance(reply.get("note"), str):
+            with contextlib.suppress(ValueError):
+                res.note = json.loads(reply["note"])
         out_specs, placeholders = [], []
         limit = size_limit(expected)
         for i, d in enumerate(outs[:64]):

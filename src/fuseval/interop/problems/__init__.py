@@ -22,9 +22,9 @@ The spec's budget is the folder's ``budget.json``, else one derived from its wor
 (:mod:`fuseval.interop.budget`).
 
 Making the module runs none of the problem's code (``fuseval list``, ``import`` and
-``export`` read the folder as data): its reference runs on the first call of one of the
-functions above, through :mod:`fuseval.interop.problem_code`, and ``source`` (the
-reference's own module) is executed on first use.
+``export`` read the folder as data): its code runs only when one of the functions above
+is called, through :mod:`fuseval.interop.problem_code`, which runs it in a confined
+worker of the problem's own unless fuseval runs in-process.
 
 Inputs arrive and outputs leave in fuseval's format (fp4 tensors as their uint8 bytes);
 the problem's code sees them as the benchmark passes them.
@@ -46,7 +46,7 @@ import torch
 from ...operators import OperatorSpec
 from ..sol_problem import PROBLEM_PATH_VARIABLE, Problem, ProblemError, module_name, read_problem
 
-__all__ = ["remember", "spec_of", "ProblemSpec", "load_reference_module"]
+__all__ = ["remember", "spec_of", "ProblemSpec"]
 
 _PREFIX = __name__ + "."
 _FOLDERS: dict[str, str] = {}          # module name -> problem folder
@@ -101,13 +101,6 @@ def spec_of(problem: Problem) -> ProblemSpec:
                        properties=f"{problem.module}:PROPERTY_HOOKS")
 
 
-def load_reference_module(problem: Problem) -> types.ModuleType:
-    """The problem's reference source executed as a module of its own (``<module>.source``):
-    :func:`fuseval.interop.problem_code.reference_module`, the one place that runs it."""
-    from ..problem_code import reference_module
-    return reference_module(problem)
-
-
 def _outputs_to_fuseval(outputs) -> tuple:
     return tuple(o.view(torch.uint8) if isinstance(o, torch.Tensor) and o.dtype == torch.float4_e2m1fn_x2 else o
                  for o in outputs)
@@ -143,8 +136,6 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         return problem_inputs.to_fuseval(problem, values)
 
     def __getattr__(attr: str):
-        if attr == "source":               # the reference's own module: executed on first use only
-            return load_reference_module(problem)
         if attr == "PROPERTY_HOOKS":       # the property engine's facts (fuseval.interop.properties)
             from ..properties import problem_hooks
             module.PROPERTY_HOOKS = problem_hooks(problem)
