@@ -292,3 +292,51 @@ def test_routing_follows_isolation(cwd, monkeypatch):
     result = run_reference(problem, [x, w], lifted=True)
     assert (cwd / "a" / "colorsys.py").exists()
     assert torch.allclose(result.lifted[0], torch.tanh(x.double() @ w.double().T))
+
+
+def test_values_cross_the_problem_worker_as_they_were():
+    """What a problem's code hands back (fp4 tensors, None, Python numbers, a Parameter)
+    leaves its worker as tensors and comes back as it was."""
+    import torch
+
+    from fuseval.interop.problem_code import _pack, _unpack
+    fp4 = torch.arange(8, dtype=torch.uint8).view(torch.float4_e2m1fn_x2)
+    values = [torch.ones(2, 3), fp4, None, 3, 0.5, True, torch.nn.Parameter(torch.zeros(2))]
+    sent, kinds = _pack(values, "cpu")
+    assert all(type(t) is torch.Tensor for t in sent)
+    back = _unpack(sent, kinds)
+    assert torch.equal(back[0], values[0]) and back[1].dtype == torch.float4_e2m1fn_x2
+    assert torch.equal(back[1].view(torch.uint8), fp4.view(torch.uint8))
+    assert back[2:6] == [None, 3, 0.5, True] and [type(v) for v in back[3:6]] == [int, float, bool]
+    assert type(back[6]) is torch.Tensor and torch.equal(back[6], torch.zeros(2))
+    with pytest.raises(TypeError, match="cannot leave"):
+        _pack([{"a": 1}], "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
+def test_cpu_outputs_of_a_gpu_reference_come_back_on_the_cpu(cwd):
+    """A reference on CUDA inputs that hands one output back on the CPU (and one input kept
+    on the CPU): its GPU worker moves it for the journey and fuseval gets it on the CPU."""
+    import torch
+
+    from fuseval import isolation
+    from fuseval.interop.problem_code import run_reference
+    from fuseval.interop.sol_problem import read_problem
+    body = '''
+def run(x, w):
+    y = answer(x, w)
+    return y, y.sum().cpu(), 7
+'''
+    folder = _folder(cwd / "problems", "p_devices", body)
+    problem = read_problem(str(folder))
+    x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 16)
+    old = isolation.ISOLATE
+    isolation.ISOLATE = True
+    try:
+        with isolation.session():
+            y, total, seven = run_reference(problem, [x, w.cuda()], lifted=False)
+    finally:
+        isolation.ISOLATE = old
+    assert y.device.type == "cuda" and total.device.type == "cpu" and seven == 7
+    assert torch.allclose(total, y.sum().cpu())

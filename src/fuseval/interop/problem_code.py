@@ -196,21 +196,28 @@ class ProblemCode:
 _SCALAR_TYPES = {"int": int, "float": float, "bool": bool}
 
 
-def _pack(values: Sequence[Any]) -> tuple[list[Any], list[str]]:
+def _pack(values: Sequence[Any], device: str | None = None) -> tuple[list[Any], list[str]]:
     """Tensors to send, and what each was: "tensor", "fp4" (sent as its bytes), "none",
-    or a Python scalar's type (sent as a 0-d tensor)."""
+    or a Python scalar's type (sent as a 0-d tensor). ``device`` (the worker's side): the
+    device answers travel on; a tensor on another one is moved there and its kind marked
+    ``@cpu``, to be moved back (a reference may hand some outputs back on the CPU)."""
     import torch
     tensors, kinds = [], []
     for v in values:
         if isinstance(v, torch.Tensor):
             fp4 = v.dtype == torch.float4_e2m1fn_x2
-            tensors.append(v.view(torch.uint8) if fp4 else v)
-            kinds.append("fp4" if fp4 else "tensor")
+            kind = "fp4" if fp4 else "tensor"
+            v = v.as_subclass(torch.Tensor) if type(v) is not torch.Tensor else v   # a Parameter travels as its data
+            v = v.view(torch.uint8) if fp4 else v
+            if device is not None and v.device.type != torch.device(device).type:
+                v, kind = v.to(device), kind + "@cpu"
+            tensors.append(v)
+            kinds.append(kind)
         elif v is None:
-            tensors.append(torch.empty(0))
+            tensors.append(torch.empty(0, device=device))
             kinds.append("none")
         elif type(v) in (int, float, bool):
-            tensors.append(torch.tensor(v))
+            tensors.append(torch.tensor(v, device=device))
             kinds.append(type(v).__name__)
         else:
             raise TypeError(f"a value of type {type(v).__name__} cannot leave a problem's worker "
@@ -222,12 +229,15 @@ def _unpack(tensors: Sequence[Any], kinds: Sequence[str]) -> list[Any]:
     import torch
     out = []
     for t, k in zip(tensors, kinds):
-        if k == "fp4":
+        kind, _, where = k.partition("@")
+        if where == "cpu" and isinstance(t, torch.Tensor):
+            t = t.cpu()
+        if kind == "fp4":
             out.append(t.view(torch.float4_e2m1fn_x2))
-        elif k == "none":
+        elif kind == "none":
             out.append(None)
-        elif k in _SCALAR_TYPES:
-            out.append(_SCALAR_TYPES[k](t.item()))
+        elif kind in _SCALAR_TYPES:
+            out.append(_SCALAR_TYPES[kind](t.item()))
         else:
             out.append(t)
     return out
@@ -252,16 +262,16 @@ def serve(request, *tensors):
         if req["kind"] == "custom_inputs":
             produced = _custom_inputs_here(problem, req["axes"], req["device"], req["seed"])
             names = [n for n in produced if isinstance(n, str)]
-            sent, kinds = _pack([produced[n] for n in names])
+            sent, kinds = _pack([produced[n] for n in names], req["worker"])
             note({"names": names, "kinds": kinds})
             return tuple(sent)
         result, summary = _reference_here(problem, values, req["lifted"], tuple(req["mode"]) if req["mode"] else None)
         if not req["lifted"]:
-            sent, kinds = _pack(result)
+            sent, kinds = _pack(result, req["worker"])
             note({"kinds": kinds})
             return tuple(sent)
-        native, native_kinds = _pack(result.native)
-        lifted, lifted_kinds = _pack(result.lifted)
+        native, native_kinds = _pack(result.native, req["worker"])
+        lifted, lifted_kinds = _pack(result.lifted, req["worker"])
         note({"kinds": native_kinds + lifted_kinds, "n_native": len(native), "report": asdict(result.report),
               "summary": summary})
         return tuple(native + lifted)
@@ -283,10 +293,12 @@ def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: st
 
     from .. import isolation
     if device is None:
-        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor)), "cpu")
+        # a GPU worker when any input is on a GPU (a problem may keep small inputs on the CPU)
+        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"),
+                      "cpu")
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     tensors, kinds = _pack(inputs)
-    request = {**request, "directory": problem.directory, "kinds": kinds}
+    request = {**request, "directory": problem.directory, "kinds": kinds, "worker": kind}
     worker = isolation.worker_for("fuseval.interop.problem_code:serve", ProblemCode(problem.directory, problem.name),
                                   kind)
     res = worker.call([_request_tensor(request)] + tensors, deadline=time.monotonic() + TIMEOUT)
