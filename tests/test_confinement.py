@@ -379,6 +379,51 @@ def test_plugin_route_rejects(hostile_dir, tmp_path):
     assert f"{len(PLUGIN_ROUTES)} failed, 1 passed" in text, text[-3000:]
 
 
+# kernel modules that a unit test of the session imports, which then patch what fuseval's
+# verdict relies on in pytest's own process
+IMPORT_ROUTE = {
+    # fuseval's comparison made to pass everything (it runs in the gate's own process)
+    "k_patch_compare": '''
+import fuseval.check
+fuseval.check.compare = lambda *a, **k: None
+''',
+    # the process the items start, and what reads its report, rewritten
+    "k_patch_subprocess": '''
+import json, subprocess
+_run = subprocess.run
+def run(*a, **k):
+    return _run(*a, **k)
+subprocess.run = run
+json.loads = lambda text, *a, **k: {"passed": True}
+''',
+}
+
+
+@linux_only
+def test_pytest_import_route_rejects(hostile_dir, tmp_path):
+    """A unit test imports kernel modules that patch fuseval's comparison, the subprocess
+    machinery and the JSON reader in pytest's process: the plugin's gate items (wrong
+    kernels) still fail, one on tolerance in the gate's own process, one as tampered."""
+    for name, patch in IMPORT_ROUTE.items():
+        (hostile_dir / f"{name}.py").write_text(textwrap.dedent(COMMON) + patch + "\ndef impl(*a):\n"
+                                                "    return noise(*a)\n")
+    (tmp_path / "test_uses_kernels.py").write_text("import k_patch_compare, k_patch_subprocess\n\n"
+                                                   "def test_kernels_import():\n    pass\n")
+    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
+    args = [f"--fuseval-gate={OP}={name}:impl" for name in IMPORT_ROUTE]
+    import importlib.metadata
+    registered = any(ep.name == "fuseval" and ep.value == "fuseval.pytest_plugin"
+                     for ep in importlib.metadata.entry_points(group="pytest11"))
+    plugin = [] if registered else ["-p", "fuseval.pytest_plugin"]
+    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
+                           "-q", "-p", "no:xdist", *args, "--fuseval-components=check", "--fuseval-cases=0",
+                           "--fuseval-seeds=1", "--fuseval-timeout=60", str(tmp_path)],
+                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
+    text = proc.stdout + proc.stderr
+    assert f"{len(IMPORT_ROUTE)} failed, 1 passed" in text, text[-3000:]
+    assert "tampered" in text, text[-3000:]
+
+
 def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
     """Thousands of stage taps, and a tap of 2**33 elements that is one number strided 0:
     refused as bad_outputs before fuseval allocates anything for them."""
