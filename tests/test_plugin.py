@@ -105,11 +105,17 @@ def test_gate_items_from_the_ini_file(kernel_repo):
 
 
 def test_warning_of_a_thin_margin_surfaces_as_a_pytest_warning(kernel_repo):
+    # the float64 reference rounded to the outputs' dtypes, wrong in one element of every
+    # 150 of query_states: 99.33% matched on every draw, a third of the 1% allowance left
     kernel_repo.makepyfile(thin='''
+        from fuseval.definitions import load
+        from fuseval.ops import resolve_impl
         from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
+        _exact = resolve_impl(load("nvfp4_qkv_rope"), "reference")
+
         def thin(*a):
-            q, k, v = torch_eager(*a)
+            q, k, v = (r.to(e.dtype) for r, e in zip(_exact(*a), torch_eager(*a)))
             q = q.clone()
             q.view(-1)[::150] += 0.25
             return q, k, v

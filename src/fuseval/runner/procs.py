@@ -104,6 +104,35 @@ def cpu_seconds(pid: int) -> float | None:
     return (int(fields[12]) + int(fields[13])) / CLOCK_TICKS
 
 
+def busy_reading(pid: int) -> tuple[float, float] | None:
+    """(seconds ``pid``'s live threads spent on a CPU or runnable waiting for one, the
+    thread group's CPU seconds), None if unreadable. The first is
+    ``/proc/PID/task/*/schedstat`` (run time plus run-queue wait): a thread that spins is
+    busy the whole time however loaded the machine, a sleeping one adds nothing; the second
+    keeps the time of threads that ended. :func:`busy_between` compares two readings."""
+    cpu = cpu_seconds(pid)
+    if cpu is None:
+        return None
+    total = 0
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                    run_ns, wait_ns = f.read().split()[:2]
+                total += int(run_ns) + int(wait_ns)
+            except FileNotFoundError:
+                continue              # a thread that ended between the listing and the read
+    except (OSError, ValueError):
+        return (cpu, cpu)             # no schedstat: CPU time alone
+    return (total / 1e9, cpu)
+
+
+def busy_between(before: tuple[float, float], after: tuple[float, float]) -> float:
+    """Seconds the process was busy between two :func:`busy_reading`: on a CPU or waiting
+    for one (live threads), and never less than the CPU time it used (ended threads too)."""
+    return max(after[0] - before[0], after[1] - before[1])
+
+
 def written_pages(pid: int, inodes: set[int]) -> dict[int, int] | None:
     """For each inode of ``inodes`` mapped by ``pid``, the kB of its mappings that are
     private copies (``Anonymous`` in /proc/PID/smaps): pages the process wrote. None when

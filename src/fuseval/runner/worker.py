@@ -315,16 +315,18 @@ class Worker:
             return None
         # a spinning thread or process stays busy; the release of what a call left (the
         # driver's, the allocator's) ends: only a worker busy in every window is named
+        # busy: on a CPU or runnable waiting for one, so that a loaded machine, which gives
+        # a spinning thread less CPU, does not hide it
         readings = []
         for _ in range(SETTLE_WINDOWS):
-            before, t0 = procs.cpu_seconds(self.pid), time.monotonic()
+            before, t0 = procs.busy_reading(self.pid), time.monotonic()
             time.sleep(window)
-            after, elapsed = procs.cpu_seconds(self.pid), time.monotonic() - t0
+            after, elapsed = procs.busy_reading(self.pid), time.monotonic() - t0
             if before is None or after is None:
                 break
-            readings.append((after - before, elapsed))
+            readings.append((procs.busy_between(before, after), elapsed))
             # /proc counts CPU time in clock ticks: two ticks is the least a reading can show
-            if after - before < max(0.5 * elapsed, 2.0 / procs.CLOCK_TICKS):
+            if readings[-1][0] < max(0.5 * elapsed, 2.0 / procs.CLOCK_TICKS):
                 break
         self._end_children()
         if len(readings) == SETTLE_WINDOWS and all(u >= max(0.5 * e, 2.0 / procs.CLOCK_TICKS) for u, e in readings):
