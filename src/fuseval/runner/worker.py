@@ -27,8 +27,6 @@ MAX_REPLY_BYTES = 1 << 22
 # it kept doing after returning is a violation
 IDLE_CPU_SECONDS = 0.25
 SETTLE_WINDOWS = 4                # windows of the end-of-case CPU watch a busy worker must fill
-# the most stage taps one call may hand back, and their total size beyond the call's
-# inputs and outputs
 
 # seconds to start a worker and import the implementation
 START_TIMEOUT = 180.0
@@ -313,10 +311,8 @@ class Worker:
                 return "the implementation's process did not answer fuseval's ping after the case's last call"
         except (OSError, EOFError):
             return None
-        # a spinning thread or process stays busy; the release of what a call left (the
-        # driver's, the allocator's) ends: only a worker busy in every window is named
-        # busy: on a CPU or runnable waiting for one, so that a loaded machine, which gives
-        # a spinning thread less CPU, does not hide it
+        # a spinning thread stays busy (running or waiting to run, so that a loaded machine
+        # does not hide it); the release of what a call left ends: only busy in every window is named
         readings = []
         for _ in range(SETTLE_WINDOWS):
             before, t0 = procs.busy_reading(self.pid), time.monotonic()
