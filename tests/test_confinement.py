@@ -362,12 +362,12 @@ def test_gate_route_rejects(hostile_dir, tmp_path, name):
             assert line.startswith("  | "), line
 
 
-@linux_only
-def test_plugin_route_rejects(hostile_dir, tmp_path):
-    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
-    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
-    args = [f"--fuseval-gate={OP}={name}:impl" for name in PLUGIN_ROUTES]
+def _run_plugin(hostile_dir, tmp_path, names) -> str:
+    """A pytest session in a process of its own over ``tmp_path``, with a gate item (the
+    check) for each hostile of ``names``; what it printed."""
     import importlib.metadata
+    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
+    args = [f"--fuseval-gate={OP}={name}:impl" for name in names]
     registered = any(ep.name == "fuseval" and ep.value == "fuseval.pytest_plugin"
                      for ep in importlib.metadata.entry_points(group="pytest11"))
     plugin = [] if registered else ["-p", "fuseval.pytest_plugin"]
@@ -375,7 +375,13 @@ def test_plugin_route_rejects(hostile_dir, tmp_path):
                            "-q", "-p", "no:xdist", *args, "--fuseval-components=check", "--fuseval-cases=0",
                            "--fuseval-seeds=1", "--fuseval-timeout=60", str(tmp_path)],
                           capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
-    text = proc.stdout + proc.stderr
+    return proc.stdout + proc.stderr
+
+
+@linux_only
+def test_plugin_route_rejects(hostile_dir, tmp_path):
+    (tmp_path / "test_nothing.py").write_text("def test_nothing():\n    pass\n")
+    text = _run_plugin(hostile_dir, tmp_path, PLUGIN_ROUTES)
     assert f"{len(PLUGIN_ROUTES)} failed, 1 passed" in text, text[-3000:]
 
 
@@ -409,17 +415,7 @@ def test_pytest_import_route_rejects(hostile_dir, tmp_path):
                                                 "    return noise(*a)\n")
     (tmp_path / "test_uses_kernels.py").write_text("import k_patch_compare, k_patch_subprocess\n\n"
                                                    "def test_kernels_import():\n    pass\n")
-    env = {**os.environ, "PYTHONPATH": _path(hostile_dir)}
-    args = [f"--fuseval-gate={OP}={name}:impl" for name in IMPORT_ROUTE]
-    import importlib.metadata
-    registered = any(ep.name == "fuseval" and ep.value == "fuseval.pytest_plugin"
-                     for ep in importlib.metadata.entry_points(group="pytest11"))
-    plugin = [] if registered else ["-p", "fuseval.pytest_plugin"]
-    proc = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
-                           "-q", "-p", "no:xdist", *args, "--fuseval-components=check", "--fuseval-cases=0",
-                           "--fuseval-seeds=1", "--fuseval-timeout=60", str(tmp_path)],
-                          capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=400)
-    text = proc.stdout + proc.stderr
+    text = _run_plugin(hostile_dir, tmp_path, IMPORT_ROUTE)
     assert f"{len(IMPORT_ROUTE)} failed, 1 passed" in text, text[-3000:]
     assert "tampered" in text, text[-3000:]
 

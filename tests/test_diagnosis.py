@@ -35,6 +35,20 @@ def _run(op, impl, mutants=False, mode="benchmark", case_index=None):
     return diagnose_case(defn, inputs, outs, refs, tol, case=case.index, mutants=mutants), defn
 
 
+def _run_with_redraws(impl):
+    """The diagnosis of ``impl`` on op B's case, with the calls on redrawn inputs that
+    show which inputs its error depends on."""
+    defn = load(M.B_OP, "small")
+    case = defn.cases()[CASE[M.B_OP]]
+    tol = case.tolerance or defn.tolerance
+    seed = random.randrange(2 ** 31)
+    inputs = generate_inputs(defn, case.axes, seed=seed)
+    ref = resolve_impl(defn, "reference")
+    return diagnose_case(defn, inputs, impl(*inputs), ref(*inputs), tol, mutants=False,
+                         call=lambda x: impl(*x), reference=ref,
+                         redraw=lambda k: generate_inputs(defn, case.axes, seed=seed + 7 * k + 1))
+
+
 def _out(d, name):
     return next(a for a in d.outputs if a.name == name)
 
@@ -78,15 +92,7 @@ def test_wrong_kv_head_grouping_is_a_roll_of_the_kv_heads():
 
 
 def test_rope_on_values_fails_values_only_and_depends_on_the_rope_tables():
-    defn = load(M.B_OP, "small")
-    case = defn.cases()[CASE[M.B_OP]]
-    tol = case.tolerance or defn.tolerance
-    seed = random.randrange(2 ** 31)
-    inputs = generate_inputs(defn, case.axes, seed=seed)
-    ref = resolve_impl(defn, "reference")
-    d = diagnose_case(defn, inputs, M.b_rope_on_values(*inputs), ref(*inputs), tol, mutants=False,
-                      call=lambda x: M.b_rope_on_values(*x), reference=ref,
-                      redraw=lambda k: generate_inputs(defn, case.axes, seed=seed + 7 * k + 1))
+    d = _run_with_redraws(M.b_rope_on_values)
     assert [a.name for a in d.outputs if a.failing] == ["value_states"]
     dep = {x.group: x for x in d.dependence}
     assert set(dep) == {"activations", "weights", "rope tables"}
@@ -94,15 +100,7 @@ def test_rope_on_values_fails_values_only_and_depends_on_the_rope_tables():
 
 
 def test_a_constant_offset_depends_on_no_input():
-    defn = load(M.B_OP, "small")
-    case = defn.cases()[CASE[M.B_OP]]
-    tol = case.tolerance or defn.tolerance
-    seed = random.randrange(2 ** 31)
-    inputs = generate_inputs(defn, case.axes, seed=seed)
-    ref = resolve_impl(defn, "reference")
-    d = diagnose_case(defn, inputs, M.b_values_offset(*inputs), ref(*inputs), tol, mutants=False,
-                      call=lambda x: M.b_values_offset(*x), reference=ref,
-                      redraw=lambda k: generate_inputs(defn, case.axes, seed=seed + 7 * k + 1))
+    d = _run_with_redraws(M.b_values_offset)
     f = _out(d, "value_states").findings[0]
     assert f.kind == "offset" and abs(f.details["offset"] - 0.25) < 0.01
     # bf16 rounding of the outputs moves the error a little; the offset itself does not move

@@ -12,27 +12,16 @@ from __future__ import annotations
 import os
 import sys
 
-from . import add_common_arguments, operator_definition, user_input, writable_file
+from . import add_common_arguments, at_least, operator_definition, user_input, writable_file
 
 
 def add_arguments(p) -> None:
     add_common_arguments(p)
-    p.add_argument("--case", type=_case_index, required=True, metavar="N", help="the case to diagnose (an index)")
+    p.add_argument("--case", type=at_least(0, int), required=True, metavar="N", help="the case to diagnose (an index)")
     p.add_argument("--out", metavar="DIR", default=None,
                    help="folder for the plots (diagnosis.png, diagnosis.html; default: diagnosis-OP-caseN)")
     p.add_argument("--json", metavar="PATH", help="also write the diagnosis as JSON")
     p.add_argument("--no-plots", action="store_true", help="print only (no PNG / HTML)")
-
-
-def _case_index(value: str) -> int:
-    import argparse
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a case index (an integer >= 0), got {value!r}") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"expected a case index (an integer >= 0), got {value!r}")
-    return n
 
 
 def run(args) -> int:
