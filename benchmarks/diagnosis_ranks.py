@@ -25,7 +25,7 @@ import time
 import torch
 
 from fuseval import operators
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.diagnosis import diagnose_case
 from fuseval.diagnosis.matching import passes, rank_of
 from fuseval.diagnosis.render import matches_table

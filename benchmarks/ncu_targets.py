@@ -11,7 +11,7 @@ import os
 import torch
 
 os.environ.setdefault("FUSEVAL_NO_GRAPHS", "1")
-from fuseval.definitions import load  # noqa: E402
+from fuseval.operators import load  # noqa: E402
 from fuseval.inputs import generate_inputs  # noqa: E402
 from fuseval.operators.nvfp4_qkv_rope import fast as B  # noqa: E402
 from fuseval.operators.qwen2vl_decoder_layer import fast as A  # noqa: E402

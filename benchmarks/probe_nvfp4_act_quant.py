@@ -30,7 +30,7 @@ import torch
 
 from fuseval.bench import time_call
 from fuseval.bench_parts import time_graph_replay
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.operators.nvfp4_qkv_rope import fast as F
 from fuseval.inputs import generate_inputs
 from fuseval.refimpl.nvfp4 import quantize_activations

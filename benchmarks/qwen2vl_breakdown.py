@@ -50,12 +50,12 @@ DEVICE = "cuda"
 
 # --------------------------------------------------------------------------- shapes and inputs
 def consts():
-    from fuseval.definitions import load
+    from fuseval.operators import load
     return load("qwen2vl_decoder_layer", CONFIG).const_axes
 
 
 def case_list():
-    from fuseval.definitions import load
+    from fuseval.operators import load
     return [(c.index, c.axes["batch_size"], c.axes["seq_len"])
             for c in load("qwen2vl_decoder_layer", CONFIG).cases()]
 
@@ -460,7 +460,7 @@ def auto_tuning(table, B, S):
 
 def check_phase(W, tunings, results, cases):
     from fuseval.check import compare
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.operators.qwen2vl_decoder_layer import fast as F
     from fuseval.operators.qwen2vl_decoder_layer.reference import reference, torch_eager_tf32
     tol = load("qwen2vl_decoder_layer").tolerance

@@ -113,7 +113,7 @@ def _compile_and_report(kind: str, name: str, compile_fn) -> None:
 
 def _nvfp4_gluon(configs: list[str], tokens: int) -> None:
     """Op B's Gluon kernel: compile each 'BM,BK,STAGES[,HEADS_PER_TILE[,W_AS_A]]' config."""
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.operators.nvfp4_qkv_rope import _gluon as G
     from fuseval.inputs import generate_inputs
     from triton.experimental.gluon import language as gl

@@ -25,7 +25,7 @@ import torch
 
 from fuseval.bench import measure_ceilings, time_call
 from fuseval.check import compare
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.operators.nvfp4_qkv_rope import fast as fast
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import reference as ref

@@ -64,7 +64,7 @@ def _fixed_seeds():
 def register(monkeypatch, tmp_path):
     """Register problem folders as operators for one test, and forget them afterwards."""
     from fuseval import operators
-    from fuseval.definitions import _CACHE
+    from fuseval.operators import _CACHE
     from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE
     # set (to nothing) rather than deleted, so that monkeypatch restores it after the test
     monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")

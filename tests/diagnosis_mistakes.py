@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import TORCH_DTYPES
 from fuseval.ops import resolve_impl
 

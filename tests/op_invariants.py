@@ -25,7 +25,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from fuseval.check import compare
-from fuseval.definitions import Tolerance, load
+from fuseval.definitions import Tolerance
+from fuseval.operators import load
 from fuseval.operators.nvfp4_qkv_rope.properties import nan_scale_output_pattern
 from fuseval.operators.qwen2vl_decoder_layer.properties import future_token_independence
 from fuseval.precision import dtype_precision, unit_roundoff

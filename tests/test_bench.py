@@ -9,7 +9,7 @@ import torch
 
 from fuseval import bench, bench_render, operators
 from fuseval.cli import main as cli_main
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.errors import EXIT_NO_DEVICE, EXIT_OK
 from fuseval.operators.nvfp4_qkv_rope import reference as op_b
 

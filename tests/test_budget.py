@@ -123,7 +123,7 @@ def test_run_until_stops_right_after_the_stage():
         calls.append("attention")
         return st.causal_gqa_attention(*a, **k)
 
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     defn = load(OP_A, "small")
     inputs = generate_inputs(defn, defn.cases("0")[0].axes, seed=0)
@@ -139,7 +139,7 @@ def test_run_until_stops_right_after_the_stage():
 def test_packaged_budgets_cover_every_stage():
     for op in (OP_A, OP_B):
         b = load_budget(op)
-        from fuseval.definitions import load
+        from fuseval.operators import load
         assert list(b.stages) == load(op).stage_names
         assert all(s.allowances for s in b.stages.values()) and b.end_to_end.tolerance
 
@@ -172,7 +172,7 @@ def test_malformed_budgets_name_the_bad_key(edit, message):
 
 
 def test_budget_for_another_operator_is_rejected(tmp_path):
-    from fuseval.definitions import load
+    from fuseval.operators import load
     with pytest.raises(ValueError, match="the budget is for"):
         load_budget(_draft(OP_B), load(OP_A))
     bad = tmp_path / "b.json"

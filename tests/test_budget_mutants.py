@@ -15,7 +15,7 @@ import torch
 
 from fuseval import operators
 from fuseval.budget import run_budget
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.ops import resolve_impl
 from fuseval.properties.mutants import catalogue

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from fuseval.check import VIOLATIONS, CheckReport, check, compare, fingerprint, run_case
-from fuseval.definitions import Tolerance, load
+from fuseval.definitions import Tolerance
+from fuseval.operators import load
 from fuseval.errors import (EXIT_BAD_OUTPUTS, EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_IMPL_RAISED,
                             EXIT_NONFINITE, EXIT_OK, exit_code_for)
 from fuseval.operators.nvfp4_qkv_rope import reference as op_b
@@ -686,7 +687,7 @@ def hookless():
     registry[toy.NAME] = toy.SPEC
     yield toy.NAME
     registry.pop(toy.NAME, None)
-    definitions._CACHE.pop(toy.NAME, None)
+    operators._CACHE.pop(toy.NAME, None)
 
 
 def test_a_later_call_that_changes_nothing_is_not_made(hookless):

@@ -258,7 +258,7 @@ def test_recognised_inputs_do_not_pass(hostile_dir, tmp_path):
     be the default): the default draws a seed at random, so it fails; with ``--seed 0`` its
     first call passes and only the hygiene calls' fresh inputs expose it."""
     import torch
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     defn = load(OP)
     first = generate_inputs(defn, defn.cases("0")[0].axes, seed=0)[0]
@@ -311,9 +311,9 @@ def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch):
     budget of op B's fast path through the worker is within budget."""
     import torch
     from fuseval import isolation
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.inputs import generate_inputs
-    from fuseval.budget.runner import staged_of
+    from fuseval.staged import staged_of
     from fuseval.ops import resolve_impl
     monkeypatch.setattr(isolation, "ISOLATE", True)
     defn = load(OP, config="tiny")
@@ -425,7 +425,7 @@ def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
     refused as bad_outputs before fuseval allocates anything for them."""
     import torch
     from fuseval import isolation
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     (tmp_path / "h_taps.py").write_text(textwrap.dedent(COMMON) + textwrap.dedent('''
     def impl(*a):

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from fuseval import cli
-from fuseval.definitions import (AxisSpec, Case, Definition, StageSpec, TensorSpec, Tolerance,
-                                 evaluate_expression, list_operators, load, parse_selection)
+from fuseval.definitions import AxisSpec, Case, Definition, StageSpec, TensorSpec, Tolerance, evaluate_expression, parse_selection
+from fuseval.operators import list_operators, load
 from fuseval.refimpl import stages as st
 
 OP_A = "qwen2vl_decoder_layer"

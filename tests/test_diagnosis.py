@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import diagnosis_mistakes as M
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.diagnosis import diagnose_case, diagnose_outputs
 from fuseval.diagnosis.matching import passes, rank_of
 from fuseval.inputs import generate_inputs

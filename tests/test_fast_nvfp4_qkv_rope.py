@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from fuseval.check import check, compare, run_case
-from fuseval.definitions import Case, load
+from fuseval.definitions import Case
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _launch
 from fuseval.operators.nvfp4_qkv_rope import fast as fast

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from fuseval.check import compare, run_case
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.operators.qwen2vl_decoder_layer import fast as fast
 from fuseval.inputs import generate_inputs
 from fuseval.operators.qwen2vl_decoder_layer.reference import cost_model, reference

@@ -140,7 +140,7 @@ def test_operator_without_the_implementation_is_not_run_under_all(tmp_path):
     # op B (and every other operator but op A) has no 'torch_tf32': under "all" they are
     # reported as not run, op A runs, and the gate passes on what ran
     from fuseval import operators
-    from fuseval.definitions import load
+    from fuseval.operators import load
     lacking = [op for op in operators.names() if "torch_tf32" not in load(op).implementations]
     assert OP in lacking and "qwen2vl_decoder_layer" not in lacking
     report = run_gate("all", "torch_tf32", components=["check"], cases="0", seeds=1, out=str(tmp_path))
@@ -476,7 +476,7 @@ def test_worker_key_does_not_change_when_the_working_folder_is_put_on_the_path(m
     would import torch again mid-run)."""
     import sys
     from fuseval import isolation
-    from fuseval.definitions import load
+    from fuseval.operators import load
     defn = load(OP)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
     before = isolation._key("fast", defn, "cpu")
@@ -539,7 +539,7 @@ def test_workers_of_several_operators_are_spawned_side_by_side():
     """prespawn starts one bare process per operator whose worker is not alive (none for a
     live one), and worker_for takes them instead of spawning its own."""
     from fuseval import isolation
-    from fuseval.definitions import load
+    from fuseval.operators import load
     isolation.close_all()
     defns = [load(OP, "small"), load("qwen2vl_decoder_layer", "small")]
     try:
@@ -585,7 +585,7 @@ def test_warmup_takes_every_case_shape_of_check_and_budget_once(tmp_path):
                  isolate=False, timeout=None, components=["check", "budget"])
     ctx = context(OP, "torch", s)
     items = warmup.shapes([ctx])
-    from fuseval.definitions import load
+    from fuseval.operators import load
     defn = load(OP, "small")
     want = []
     for c in defn.cases([0, 1, 2, 3]):

@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import draw_inputs, generic_benchmark_inputs, generate_inputs
 
 OP_A = "qwen2vl_decoder_layer"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from fuseval import cli
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import TORCH_DTYPES, generate_inputs
 from fuseval.validate import bind_axes
 from problem_folders import tensor, workload, write_problem

@@ -21,7 +21,7 @@ NVFP4_SMALL = os.path.join(DATA, "nvfp4_qkv_rope_small")
 @pytest.fixture(autouse=True)
 def _no_problem_left_registered(monkeypatch):
     from fuseval import operators
-    from fuseval.definitions import _CACHE
+    from fuseval.operators import _CACHE
     # set (to nothing) rather than deleted, so that monkeypatch restores it after the test
     monkeypatch.setenv(PROBLEM_PATH_VARIABLE, "")
     before = set(operators.registry())

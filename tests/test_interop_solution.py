@@ -9,7 +9,7 @@ import torch
 
 import fuseval
 from fuseval import operators
-from fuseval.definitions import _CACHE
+from fuseval.operators import _CACHE
 from fuseval.errors import ImplementationError
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, read_problem
 from fuseval.interop.solution import find_solutions, load_solution

@@ -8,7 +8,7 @@ import torch
 
 from fuseval import operators
 from fuseval.check import compare
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.errors import UnknownOperatorError
 from fuseval.ops import resolve_impl
 from fuseval.properties import check_implementation, mutants

@@ -151,7 +151,7 @@ def test_all_skips_an_operator_without_the_implementation(kernel_repo):
     # op B (and every operator but op A) has no 'torch_tf32': under all= their items are
     # skipped with the reason, op A's run
     from fuseval import operators
-    from fuseval.definitions import load
+    from fuseval.operators import load
     lacking = [op for op in operators.names() if "torch_tf32" not in load(op).implementations]
     assert OP in lacking and "qwen2vl_decoder_layer" not in lacking
     result = _run(kernel_repo, "-rs", "--fuseval-gate=all=torch_tf32", "--fuseval-components=check",

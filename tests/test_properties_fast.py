@@ -136,7 +136,7 @@ def test_metamorphic_invariants_catch(op, name):
 
 
 def _reference_fp32(op):
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.ops import resolve_impl
     return resolve_impl(load(op), "reference_fp32")
 

@@ -54,7 +54,7 @@ def _operator_words() -> dict[str, str]:
     stages' names (every variant's stages included)."""
     found = {}
     for op in operators.names():
-        defn = definitions.load(op)
+        defn = operators.load(op)
         found[op] = f"operator {op}"
         for spec in defn.inputs:
             found.setdefault(spec.name, f"an input of {op}")
@@ -88,7 +88,7 @@ def hookless():
     registry[toy.NAME] = toy.SPEC
     yield toy.NAME
     registry.pop(toy.NAME, None)
-    definitions._CACHE.pop(toy.NAME, None)
+    operators._CACHE.pop(toy.NAME, None)
 
 
 def test_an_operator_without_hooks_gets_the_defaults_and_no_mutants(hookless):
@@ -114,14 +114,14 @@ def test_generic_bindings_come_from_the_definition(hookless):
     def draw(b):
         seen.append(b)
     draw()
-    small = definitions.load(hookless, "small").const_axes
+    small = operators.load(hookless, "small").const_axes
     assert all(b.config == small for b in seen)                     # the small configuration
     assert {b.axes["batch_size"] for b in seen} == {1, 2, 3}          # the space's batch range
     assert min(b.axes["seq_len"] for b in seen) == 1 and max(b.axes["seq_len"] for b in seen) > 6
     full = S.explicit_examples(hookless, "full")
     assert [e.binding.axes for e in full[:3]] == [{"batch_size": 2, "seq_len": 131}] * 2 + \
         [{"batch_size": 1, "seq_len": 64}]
-    assert full[0].binding.config == definitions.load(hookless).const_axes
+    assert full[0].binding.config == operators.load(hookless).const_axes
     explicit = S.explicit_examples(hookless)
     assert [e.mode for e in explicit] == ["benchmark", "realistic", "benchmark", "adversarial", "adversarial"]
     assert explicit[4].recipe == S.Recipe(magnitude="mixed", noncontiguous=True, norm_weights="random")

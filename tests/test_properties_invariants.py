@@ -408,7 +408,7 @@ def test_fp32_reference_within_derived_bounds(ex):
 def _bf16_stage_run(op):
     """The float32 reference with its RMSNorm outputs rounded to bf16 (post_norm / qk_norm
     computed in too low a precision)."""
-    from fuseval.definitions import load
+    from fuseval.operators import load
     from fuseval.ops import resolve_impl
     ref = resolve_impl(load(op), "reference")
     low = _namespace(st, rms_norm=lambda x, w, eps: st.rms_norm(x, w, eps).to(torch.bfloat16).to(x.dtype))

@@ -9,7 +9,7 @@ import pytest
 import torch
 from hypothesis import find, given, settings
 
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.properties import profiles
 from fuseval.properties import strategies as S
 from fuseval.properties.hooks import hooks_of

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from fuseval.definitions import evaluate_expression, load
+from fuseval.definitions import evaluate_expression
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import reference as op_b
 from fuseval.operators.qwen2vl_decoder_layer import reference as op_a

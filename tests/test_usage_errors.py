@@ -17,7 +17,7 @@ import torch
 
 from fuseval import cli
 from fuseval.check import check, input_groups
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.errors import (EXIT_BROKEN_PIPE, EXIT_HYGIENE, EXIT_IMPL_RAISED, EXIT_OK, EXIT_OUT_OF_MEMORY,
                             EXIT_USAGE)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.validate import bind_axes, check_outputs_shape
 

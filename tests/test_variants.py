@@ -7,7 +7,8 @@ import pytest
 
 from fuseval.check import check
 from fuseval.cli import main
-from fuseval.definitions import DEFAULT_VARIANT, load, variant_scope
+from fuseval.definitions import DEFAULT_VARIANT
+from fuseval.operators import load, variant_scope
 from fuseval.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
 from fuseval.ops import resolve_impl
 from fuseval.operators.nvfp4_qkv_rope import reference as op_b

@@ -14,7 +14,7 @@ import json
 import torch
 
 from fuseval.bench_parts import time_graph_replay
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import fast
 

@@ -15,7 +15,7 @@ import traceback
 import torch
 
 from fuseval import isolation
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import fast
 from fuseval.operators.nvfp4_qkv_rope import reference as ref

@@ -31,7 +31,7 @@ from triton.experimental.gluon.language.nvidia.hopper import mbarrier, tma, warp
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from fuseval.bench_parts import time_graph_replay
-from fuseval.definitions import load
+from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import _gluon, fast
 from fuseval.operators.nvfp4_qkv_rope import reference as ref

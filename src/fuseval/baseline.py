@@ -338,7 +338,7 @@ def validate(doc: Any, *, source: str = "baseline") -> None:
             raise _bad(source, f"missing key {key!r}")
         if not isinstance(doc[key], kind):
             raise _bad(source, f"{key}: expected {kind.__name__}, got {type(doc[key]).__name__}")
-    from .definitions import list_operators
+    from .operators import list_operators
     if doc["op"] not in list_operators():
         raise _bad(source, f"op: unknown operator {doc['op']!r}; known: {', '.join(list_operators())}")
     if not doc["seeds"] or not all(isinstance(s, int) and not isinstance(s, bool) for s in doc["seeds"]):

@@ -58,7 +58,7 @@ from . import ops as _ops
 from .bench_render import plot_report, print_bench_report, write_outputs
 from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
                        _require_cuda, measure_ceilings, measure_sustained, square_matmul, sustained_rate, time_call,
-                       timer_rules)
+                       timer_rules, floor_seconds)
 from .definitions import Definition
 from .runner.clock import L2_FLUSH_BYTES  # noqa: F401 - fuseval.bench.L2_FLUSH_BYTES, as before
 from .report import fmt_number
@@ -96,14 +96,6 @@ def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpe
         raise ValueError(f"{defn.name}: no implementation to benchmark")
     fast = op.bench_fast if op.bench_fast in chosen else None
     return BenchSpec(defn.name, chosen, fast, op.cost(), op.parts_of_fast() if fast else None)
-
-
-def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:
-    """max(FLOPs / matmul rate, bytes / copy bandwidth), and which term bounds it; with
-    ``sustained`` the matmul rate is the sustained one."""
-    compute = float(cost["flops"]) / ceilings.rate(str(cost.get("matmul_dtype", "bf16")), sustained=sustained)
-    memory = float(cost["bytes"]) / ceilings.copy_bytes_per_s
-    return (compute, "compute") if compute >= memory else (memory, "memory")
 
 
 # --------------------------------------------------------------------------- results
@@ -298,7 +290,8 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                  warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
     """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
     ``intervals`` so that the clock samples can be matched to it afterwards."""
-    from .check import SOL_REFERENCE, run_case
+    from .check import run_case
+    from .oracles import SOL_REFERENCE
     from .clocks import wall
     from .inputs import generate_inputs
     from .ops import resolve_impl

@@ -3,7 +3,7 @@
 An operator whose spec names ``fast_parts`` gives, for one case's inputs, its fast path's
 pieces of GPU work (:class:`Part`: a zero-argument callable running that piece as the
 production call runs it, and the piece's least work). The bench captures each part into
-a CUDA graph and times the replays with the one timer (:func:`fuseval.bench.time_call`),
+a CUDA graph and times the replays with the one timer (:func:`fuseval.ceilings.time_call`),
 so what is shown is GPU time with the host's launch work left out, against the part's own
 floor max(FLOPs / matmul rate, bytes / copy bandwidth). The parts need not add up to the
 whole call: fused launches overlap, and the whole call's time includes its host work.
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 import torch
 
 if TYPE_CHECKING:
-    from .bench import Timing
+    from .ceilings import Timing
 
 __all__ = ["Part", "time_parts", "time_graph_replay"]
 
@@ -36,7 +36,7 @@ def time_graph_replay(fn: Callable[[], Any], *, device: torch.device | str = "cu
     """GPU time of ``fn``'s launches, the host's launch work left out: ``fn`` run once
     (its kernels compiled), captured into a CUDA graph (``fast._graphs.capture``), and the
     graph's replays timed by :func:`time_call` (``timer``: its keyword arguments)."""
-    from .bench import time_call
+    from .ceilings import time_call
     from .fast._graphs import capture
     device = torch.device(device)
     fn()
@@ -51,7 +51,7 @@ def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, *
     """{name: {"median_ms", "floor_ms", "bound", "flops", "bytes", "what", "error"}} for each
     part: its graph replays timed by ``time_graph_replay(**timer)``; a part that fails is reported
     with its error, not raised."""
-    from .bench import floor_seconds
+    from .ceilings import floor_seconds
     out: dict[str, dict] = {}
     for name, part in parts.items():
         row: dict[str, Any] = {"flops": part.flops, "bytes": part.bytes, "what": part.what,

@@ -12,14 +12,14 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
 from .runner.clock import L2_FLUSH_BYTES
 from .torch_flags import matmul_flags
 
-__all__ = ["BenchSkipped", "Timing", "time_call", "timer_rules", "SustainedRate", "sustained_rate", "Ceilings",
+__all__ = ["BenchSkipped", "Timing", "time_call", "timer_rules", "floor_seconds", "SustainedRate", "sustained_rate", "Ceilings",
            "square_matmul", "measure_ceilings", "measure_sustained", "WARMUP_MS", "REP_MS", "MIN_REPS", "MAX_REPS"]
 
 # the timer's rules by default: warm-up, time filled by repetitions, repetition bounds
@@ -262,3 +262,11 @@ def measure_sustained(ceilings: Ceilings, dtypes: Sequence[str], seconds: float,
     ceilings.sustained_s = seconds
     torch.cuda.empty_cache()
     return ceilings
+
+
+def floor_seconds(cost: Mapping[str, Any], ceilings: Ceilings, *, sustained: bool = False) -> tuple[float, str]:
+    """max(FLOPs / matmul rate, bytes / copy bandwidth), and which term bounds it; with
+    ``sustained`` the matmul rate is the sustained one."""
+    compute = float(cost["flops"]) / ceilings.rate(str(cost.get("matmul_dtype", "bf16")), sustained=sustained)
+    memory = float(cost["bytes"]) / ceilings.copy_bytes_per_s
+    return (compute, "compute") if compute >= memory else (memory, "memory")

@@ -54,9 +54,6 @@ __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "ru
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
            "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS", "oracle_note"]
 
-# what the benchmark compares against: the implementation name of its reference
-SOL_REFERENCE = "sol_reference"
-
 # the failing cases of a check whose known mistakes are ranked (each costs a run of every
 # mutant from its stage on); later failing cases get the anatomy alone, which runs nothing
 DIAGNOSE_MUTANT_CASES = 2

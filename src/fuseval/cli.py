@@ -58,7 +58,8 @@ def _first_line(exc: BaseException) -> str:
 def _variant_scope(args):
     """The command's ``--variant`` in force for every operator it names (``--op all``: each
     operator must have that variant)."""
-    from .definitions import DEFAULT_VARIANT, load, variant_scope
+    from .definitions import DEFAULT_VARIANT
+    from .operators import load, variant_scope
     from .operators import names as operator_names
     # every subcommand but baseline compare has --variant; compare takes the baseline's
     variant = args.variant if "variant" in vars(args) else None

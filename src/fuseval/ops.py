@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import operators
-from .definitions import Definition, load
+from .definitions import Definition
+from .operators import load
 from .errors import ImplementationError
 
 __all__ = ["Operator", "get", "names", "resolve_impl", "impl_label", "missing_implementation",

@@ -12,7 +12,10 @@ from typing import Any, Callable
 
 from .definitions import Definition
 
-__all__ = ["side_oracles", "oracle_note", "reference_refusal"]
+__all__ = ["SOL_REFERENCE", "side_oracles", "oracle_note", "reference_refusal"]
+
+# what the benchmark compares against: the implementation name of its reference
+SOL_REFERENCE = "sol_reference"
 
 
 def side_oracles(operator: Any, impl: Any, against: str, rules: str, predict: bool,
@@ -21,7 +24,6 @@ def side_oracles(operator: Any, impl: Any, against: str, rules: str, predict: bo
     has one, the predictor only when asked for (``predict``) and not already what the
     check is (the implementation, or the comparison under the benchmark's rules), the
     witness only when asked for (``blind_witness``)."""
-    from .check import SOL_REFERENCE
     has = SOL_REFERENCE in operator.definition.implementations
     predictor = operator.implementation(SOL_REFERENCE) \
         if predict and has and impl != SOL_REFERENCE and (against, rules) != (SOL_REFERENCE, "sol") else None

@@ -278,7 +278,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not pairs:
         return
     settings = _settings(config)
-    from .definitions import load
+    from .operators import load
     from .operators import names
     from .ops import missing_implementation
     known = names()

@@ -68,7 +68,7 @@ def tolerance_rule(t: dict, cases: list[dict] | None = None) -> str:
 def print_check_report(report, stream: TextIO | None = None) -> None:
     from rich.table import Table
 
-    from .definitions import load
+    from .operators import load
     t = report.tolerance
     rule = tolerance_rule(t, [c.tolerance for c in report.cases])
     note = load(report.op).raw.get("tolerance", {}).get("note", "")

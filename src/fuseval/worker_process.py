@@ -178,7 +178,7 @@ class _Worker:
         if failure is not None:
             self.reply({**failure, "cause": failure["status"], "status": "load_failed"})
             return
-        from .budget.runner import staged_of
+        from .staged import staged_of
         self.fn, self.staged = fn, staged_of(defn, impl, fn)
         self.reply({"status": "loaded", "staged": self.staged is not None,
                     "tampered": integrity.changed(self.baseline)})
@@ -188,13 +188,13 @@ class _Worker:
         import torch
         taps: dict[str, Any] = {}
         if req["which"] == "staged":
-            from .budget.runner import _StageReached, _TapsUntil
-            taps = _TapsUntil(req.get("stop"))
+            from .staged import StageReached, TapsUntil
+            taps = TapsUntil(req.get("stop"))
 
             def thunk():
                 try:
                     return self.staged(*inputs, taps=taps, override=override)
-                except _StageReached:
+                except StageReached:
                     return None
         else:
             def thunk():

@@ -36,7 +36,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..definitions import Definition, list_operators, load
+from ..definitions import Definition
+from ..operators import list_operators, load
 from ..precision import PRECISIONS, canonical, check_precision, ulp, unit_roundoff
 from .metrics import ABS_METRICS, METRICS, REL_METRICS, TOLERANCE_METRICS, ULP_METRICS
 

@@ -24,7 +24,7 @@ import threading
 from typing import Any
 
 from ..jsonio import number
-from .report import _cases, _e, _pct, render_markdown
+from .markdown import _cases, _e, _pct, render_markdown
 
 __all__ = ["render_html"]
 

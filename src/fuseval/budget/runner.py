@@ -28,7 +28,6 @@ one extra stage tensor alive, and everything of a case is freed before the next.
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import time
 import traceback
@@ -45,79 +44,12 @@ from ..inputs import TORCH_DTYPES, generate_inputs
 from ..isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
 from .budgetfile import Allowance, Budget, load_budget
 from ..precision import finer, round_to
+from ..staged import as_tuple, has_params, reference_of, run_until, staged_of
 from .metrics import error_metrics, final_metrics, storage_precision
 from .naive import emulated_stages
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
 
 __all__ = ["run_budget", "staged_of", "run_until"]
-
-
-
-# --------------------------------------------------------------------------- stage taps
-class _StageReached(Exception):
-    """Raised from a taps dict once the wanted stage is written: ends a run early."""
-
-
-class _TapsUntil(dict):
-    """A taps dict that stops the pipeline right after ``stop`` is stored."""
-
-    def __init__(self, stop: str | None):
-        super().__init__()
-        self.stop = stop
-
-    def __setitem__(self, key, value):
-        super().__setitem__(key, value)
-        if key == self.stop:
-            raise _StageReached(key)
-
-
-def run_until(fn: Callable, inputs: Sequence[Any], *, override: Mapping[str, torch.Tensor] | None,
-              stop: str | None, **kwargs) -> tuple[dict[str, torch.Tensor], tuple | None]:
-    """Run a staged function with ``override``; return (taps, outputs).
-
-    With ``stop``, the run ends as soon as that stage's tap is stored (outputs None), so
-    a local pass costs about one stage, not a pipeline. An implementation that fills its
-    taps only at the end simply runs to completion."""
-    taps = _TapsUntil(stop)
-    try:
-        out = fn(*inputs, taps=taps, override=dict(override or {}), **kwargs)
-    except _StageReached:
-        out = None
-    return dict(taps), (None if out is None else _as_tuple(out))
-
-
-def _as_tuple(out) -> tuple:
-    if isinstance(out, torch.Tensor):
-        return (out,)
-    return tuple(out)
-
-
-def _has_params(fn: Callable, *names: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-    return all(n in params for n in names)
-
-
-def staged_of(defn: Definition, impl: str | Callable, fn: Callable) -> Callable | None:
-    """The staged function of an implementation, or None when it exposes no taps.
-
-    ``forward.staged`` (the protocol); else the function itself when it takes ``taps``
-    and ``override`` (the references, ``functools.partial(reference, ...)``); the float32
-    reference of the table gets ``reference(dtype=float32)``."""
-    staged = getattr(fn, "staged", None)
-    if callable(staged):
-        return staged
-    if impl == "reference_fp32":
-        return functools.partial(_reference(defn), dtype=torch.float32)
-    if _has_params(fn, "taps", "override"):
-        return fn
-    return None
-
-
-def _reference(defn: Definition) -> Callable:
-    return _ops.resolve_impl(defn, "reference")
 
 
 def _sync(device: torch.device) -> None:
@@ -166,14 +98,14 @@ class _CaseRunner:
         self.baselines = baselines
         self.stages = [s.name for s in defn.stages]
         self.parents = {s.name: s.parent for s in defn.stages}
-        self.reference = _reference(defn)
+        self.reference = reference_of(defn)
         # an oracle without stages (an imported problem's lifted reference) takes the inputs
         # alone: no taps, no validate switch, no float32 twin
-        self.tapped = bool(self.stages) or _has_params(self.reference, "taps")
-        plain = not _has_params(self.reference, "validate")
+        self.tapped = bool(self.stages) or has_params(self.reference, "taps")
+        plain = not has_params(self.reference, "validate")
         self.oracle = self.reference if plain else functools.partial(self.reference, validate=False)
         self.reference32 = functools.partial(self.reference, dtype=torch.float32, validate=False) \
-            if _has_params(self.reference, "dtype") else None
+            if has_params(self.reference, "dtype") else None
         self.tolerance = defn.tolerance       # the case's own, set per case by run()
         self.hygiene = True                   # make the partial-cache calls (run_budget's hygiene)
         self.out_dtypes = [TORCH_DTYPES[s.dtype] for s in defn.outputs]
@@ -209,7 +141,7 @@ class _CaseRunner:
             inputs = self._timed(seconds, "inputs", lambda: [
                 v.to(dev).contiguous() if isinstance(v, torch.Tensor) else v for v in drawn.result()])
         oracle_taps: dict[str, torch.Tensor] = {}
-        oracle_out = self._timed(seconds, "oracle", lambda: _as_tuple(
+        oracle_out = self._timed(seconds, "oracle", lambda: as_tuple(
             self.reference(*inputs, taps=oracle_taps) if self.tapped else
             self.reference(*inputs)))   # validates the inputs once
         results = {name: StageResult(name, self.parents[name], self.budget.stages[name].dtype)
@@ -251,7 +183,7 @@ class _CaseRunner:
         when it raised)."""
         poison_allocator(self.device, 2 * sum(o.numel() * 4 for o in oracle_out))
         try:
-            produced = self._timed(seconds, "impl", lambda: _as_tuple(self.forward(*inputs)))
+            produced = self._timed(seconds, "impl", lambda: as_tuple(self.forward(*inputs)))
             e2e.impl = self._final(produced, oracle_out)
             return produced
         except Exception as exc:  # noqa: BLE001 - an implementation's failure is a verdict
@@ -302,7 +234,7 @@ class _CaseRunner:
         raised = False
         prop: dict[str, torch.Tensor] = {}
         try:
-            staged_out = self._timed(seconds, "staged", lambda: _as_tuple(
+            staged_out = self._timed(seconds, "staged", lambda: as_tuple(
                 self.staged(*inputs, taps=prop, override={})))
             if produced is not None:
                 e2e.staged_vs_forward = max(
@@ -353,7 +285,7 @@ class _CaseRunner:
                 continue
             override = {s: prop[s] for s in self.stages[:i + 1]}
             try:
-                out = self._timed(seconds, "downstream", lambda: _as_tuple(self.oracle(*inputs, override=override)))
+                out = self._timed(seconds, "downstream", lambda: as_tuple(self.oracle(*inputs, override=override)))
                 results[name].downstream = self._timed(seconds, "metrics", lambda: final_metrics(
                     out, oracle_out, self.out_names, self.tolerance, self.budget.end_to_end.dtype,
                     full=False))
@@ -397,7 +329,7 @@ class _CaseRunner:
         and plain torch (final)."""
         def fp32():
             taps32: dict[str, torch.Tensor] = {}
-            out32 = _as_tuple(self.reference32(*inputs, taps=taps32))
+            out32 = as_tuple(self.reference32(*inputs, taps=taps32))
             for name in self.stages:
                 r = results[name]
                 r.fp32_propagated = error_metrics(taps32[name], oracle_taps[name], r.precision or r.dtype)
@@ -406,7 +338,7 @@ class _CaseRunner:
             self._timed(seconds, "baselines", fp32)
         if self.torch_impl is not None:
             def plain_torch():
-                e2e.torch = self._final(_as_tuple(self.torch_impl(*inputs)), oracle_out)
+                e2e.torch = self._final(as_tuple(self.torch_impl(*inputs)), oracle_out)
             try:
                 self._timed(seconds, "baselines", plain_torch)
             except Exception as exc:  # noqa: BLE001 - a baseline's failure is reported, not fatal

@@ -18,7 +18,7 @@ def operator_definition(op: str, config="seed", cases=None, what_config: str = "
     against its cases: an unknown operator is its own error, a bad configuration or
     selection a usage error naming the option."""
     from ..check import validate_selection
-    from ..definitions import load
+    from ..operators import load
     with user_input(what_config):
         defn = load(op, config)
     with user_input(what_cases):

@@ -90,7 +90,8 @@ def _save(args) -> int:
 
 def _compare(args) -> int:
     from .. import baseline
-    from ..definitions import DEFAULT_VARIANT, variant_scope
+    from ..definitions import DEFAULT_VARIANT
+    from ..operators import variant_scope
     from ..errors import EXIT_REGRESSION, FusevalError
     from ..jsonio import dumps
     if args.current and len(args.current) != len(args.baseline):

@@ -55,7 +55,7 @@ class _Progress:
 def run(args) -> int:
     from ..check import draw_seed
     from ..budget import load_budget, run_budget
-    from ..definitions import load
+    from ..operators import load
     from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK
 
     from . import operator_definition, user_input, writable_folder

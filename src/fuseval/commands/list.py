@@ -77,7 +77,7 @@ def skeleton(d) -> str:
 
 
 def run(args) -> int:
-    from ..definitions import load
+    from ..operators import load
     from ..operators import names
     from . import operator_definition
     if args.op is None:

@@ -7,14 +7,13 @@ stages that reports tap, the tolerance rule, the 16 benchmark cases, and named
 configurations that override the ``const`` axes to build scaled-down versions of the
 same operator for CPU tests.
 
-``load(name, config="small")`` returns a typed :class:`Definition`; implementation
+``fuseval.operators.load(name, config="small")`` returns a typed :class:`Definition`; implementation
 paths of the file (``".reference:reference"``) are made absolute against the operator's package.
 """
 from __future__ import annotations
 
 import ast
-import contextlib
-import contextvars
+import importlib.util
 import json
 import math
 from dataclasses import dataclass, field, replace
@@ -22,7 +21,7 @@ from typing import Any, Mapping, Sequence
 
 __all__ = [
     "AxisSpec", "TensorSpec", "StageSpec", "Tolerance", "Case", "Definition",
-    "load", "list_operators", "evaluate_expression", "axes_label", "DEFAULT_VARIANT",
+    "evaluate_expression", "qualify", "axes_label", "DEFAULT_VARIANT",
     "tolerance_json", "variant_scope", "nearest_binding",
 ]
 
@@ -427,12 +426,14 @@ def parse_selection(selection: Sequence[int] | str | None, n: int) -> list[int]:
 
 
 # --------------------------------------------------------------------------- loading
-def list_operators() -> list[str]:
-    from .. import operators
-    return operators.names()
 
 
-_CACHE: dict[str, Definition] = {}
+def qualify(reference: str, package: str) -> str:
+    """``".fast:forward"`` in ``package`` -> ``"package.fast:forward"`` (absolute names unchanged)."""
+    module, sep, attr = reference.partition(":")
+    if module.startswith("."):
+        module = importlib.util.resolve_name(module, package)
+    return f"{module}{sep}{attr}"
 
 
 def own_bounds(raw: Mapping[str, Any]) -> dict[str, float | None]:
@@ -450,8 +451,7 @@ def own_bounds(raw: Mapping[str, Any]) -> dict[str, float | None]:
     return out
 
 
-def _parse(raw: Mapping[str, Any], package: str) -> Definition:
-    from ..operators import qualify
+def parse(raw: Mapping[str, Any], package: str) -> Definition:
     absolute = lambda table: {k: qualify(v, package) for k, v in table.items()}
     variants = {name: {**v, "implementations": absolute(v.get("implementations", {}))}
                 for name, v in raw.get("variants", {}).items()}
@@ -484,44 +484,3 @@ def _parse(raw: Mapping[str, Any], package: str) -> Definition:
         realistic=dict(raw.get("realistic", {})),
         raw=raw,
     )
-
-
-# {operator name: variant} in force for ``load`` calls that name no variant (see variant_scope)
-_VARIANT_SCOPE: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
-    "fuseval_variant_scope", default={})
-
-
-@contextlib.contextmanager
-def variant_scope(variants: Mapping[str, str]):
-    """Within the block, ``load(name)`` gives operator ``name`` under ``variants[name]``.
-
-    This is the one switch a command sets (``--variant``) so that every component it runs
-    (check, gate, budget, bench, export, the properties) loads the same semantics."""
-    for op, variant in variants.items():
-        load(op).with_variant(variant)          # unknown operator or variant: fail here
-    token = _VARIANT_SCOPE.set({**_VARIANT_SCOPE.get(), **variants})
-    try:
-        yield
-    finally:
-        _VARIANT_SCOPE.reset(token)
-
-
-def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
-    """Load an operator definition, optionally with a named or custom configuration and a
-    named semantic variant (None: the one ``variant_scope`` sets, else the benchmark's
-    semantics; a given Definition keeps its own)."""
-    if isinstance(name, Definition):
-        d = name if config == "seed" and name.config == "seed" else name.with_config(config)
-        return d if variant is None else d.with_variant(variant)
-    if name not in _CACHE:
-        from .. import operators
-        spec = operators.spec(name)          # UnknownOperatorError names the known ones
-        raw = json.loads(spec.definition_text())
-        if raw.get("name") != name:
-            raise ValueError(f"{spec.package}/{spec.definition}: names operator {raw.get('name')!r}, "
-                             f"its spec {name!r}")
-        _CACHE[name] = _parse(raw, spec.package)
-    d = _CACHE[name]
-    d = d if config == "seed" else d.with_config(config)
-    variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
-    return d if variant is None else d.with_variant(variant)

@@ -191,16 +191,18 @@ GENERIC_MISTAKES = {
 }
 
 
-def _problem_of(op: str):
-    """The problem folder behind ``op``, or None for an operator of fuseval's own."""
+def _run_under_mode(op: str) -> Callable | None:
+    """How an operator whose reference runs elsewhere (an imported problem's, in its own
+    worker) runs it under a torch function mode: its module's ``reference_under_mode``,
+    or None for an operator whose oracle runs here."""
     from .. import operators
     module = importlib.import_module(operators.spec(op).package)
-    return getattr(module, "PROBLEM", None)
+    return getattr(module, "reference_under_mode", None)
 
 
 def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
     """How to run the float64 reference of one of fuseval's own operators."""
-    from ..definitions import load
+    from ..operators import load
     from ..ops import resolve_impl
     ref = resolve_impl(load(op), "reference")
 
@@ -219,15 +221,11 @@ def run_generic(op: str, kind: str, inputs: Sequence[Any], site: int | None = No
     """(the oracle's outputs with mistake ``kind`` (at call ``site`` only, when given), how
     many calls it rewrote, the calls it applies to). An imported problem's oracle is its
     reference lifted to float64, run where its code runs
-    (:func:`fuseval.interop.problem_code.run_reference`, under this module's mode)."""
-    problem = _problem_of(op)
-    if problem is not None:
-        from ..interop import inputs as problem_inputs
-        from ..interop.problem_code import run_reference
-        from ..interop.problems import _outputs_to_fuseval
-        result, said = run_reference(problem, problem_inputs.to_benchmark(problem, list(inputs)), lifted=True,
-                                     mode=(f"{__name__}:_Mistake", [kind, site, count_only]))
-        return tuple(_outputs_to_fuseval(result.lifted)), int(said["hits"]), [str(x) for x in said["sites"]]
+    (its module's ``reference_under_mode``, under this module's mode)."""
+    elsewhere = _run_under_mode(op)
+    if elsewhere is not None:
+        outs, said = elsewhere(inputs, (f"{__name__}:_Mistake", [kind, site, count_only]))
+        return tuple(outs), int(said["hits"]), [str(x) for x in said["sites"]]
     mode = _Mistake(kind, site, count_only)
     with torch.no_grad(), mode:
         outs = _reference_runner(op)(inputs)

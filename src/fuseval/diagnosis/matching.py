@@ -71,7 +71,7 @@ def passes(outputs, refs, tol) -> bool:
 def _prefix_taps(op: str, inputs) -> tuple[dict, list[str]]:
     """The unmutated pipeline's stage taps in float32 (the mutants' own reference), and
     the definition's stage order."""
-    from ..definitions import load
+    from ..operators import load
     from ..ops import resolve_impl
     defn = load(op)
     taps: dict = {}

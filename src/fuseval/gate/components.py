@@ -8,12 +8,14 @@ report into a :class:`~fuseval.gate.results.ComponentResult`:
 from __future__ import annotations
 
 import os
+import time
+import traceback
 from typing import Any, Callable
 
-from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_NO_FLOAT64_ORACLE, EXIT_OK, EXIT_OUT_OF_MEMORY,
-                      exit_code_for)
+from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_INTERNAL, EXIT_NO_FLOAT64_ORACLE, EXIT_OK,
+                      EXIT_OUT_OF_MEMORY, FusevalError, exit_code_for, is_out_of_memory)
 from .inputs import GateContext
-from .results import ComponentResult, TestResult
+from .results import ComponentResult, TestResult, not_run
 
 
 def _write_json(path: str, doc: Any) -> None:
@@ -241,7 +243,8 @@ def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
         return False
     if ctx.budget_config != ctx.config:
         return False
-    from ..definitions import load, parse_selection
+    from ..definitions import parse_selection
+    from ..operators import load
     n = len(load(ctx.op, ctx.config).seed_cases)
     return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
 
@@ -326,3 +329,30 @@ def join_budget_hygiene(results: list[ComponentResult]) -> None:
 
 RUNNERS: dict[str, Callable[[GateContext], ComponentResult]] = {
     "check": check_component, "properties": properties_component, "budget": budget_component}
+
+
+def _crashed(ctx: GateContext, name: str, exc: Exception, code: int, tb: str | None) -> ComponentResult:
+    msg = f"{name} raised {type(exc).__name__}: {exc}" if tb else f"{name}: {exc}"
+    return ComponentResult(ctx.op, name, "error", msg.splitlines()[0][:300], exit_code=code, messages=[msg],
+                           tests=[TestResult(name, "error", 0.0, msg, tb or msg)],
+                           data={"traceback": tb} if tb else {})
+
+
+def run_guarded(name: str, ctx: GateContext) -> ComponentResult:
+    """Run one component. A FusevalError it raises is a failure of its kind (its exit
+    code); any other exception is a crash: a bug in fuseval (exit 70, its traceback kept),
+    or out of memory; either way the other components still run."""
+    if name in ctx.not_run:
+        return not_run(ctx.op, name, ctx.not_run[name])
+    t0 = time.perf_counter()
+    ctx.progress(f"{ctx.op} {name}: started")
+    try:
+        result = RUNNERS[name](ctx)
+    except FusevalError as exc:
+        result = _crashed(ctx, name, exc, exc.exit_code, None)
+    except Exception as exc:  # noqa: BLE001 - one broken component must not hide the others
+        code = EXIT_OUT_OF_MEMORY if is_out_of_memory(exc) else EXIT_INTERNAL
+        result = _crashed(ctx, name, exc, code, traceback.format_exc())
+    result.seconds = time.perf_counter() - t0
+    ctx.progress(f"{ctx.op} {name}: {result.status} ({result.seconds:.1f}s)")
+    return result

@@ -216,7 +216,7 @@ def context(op: str, impl: str | Callable, s: Settings) -> GateContext:
     """The context of ``op``: its configurations, case selections and budget validated,
     and the implementation loaded (in its worker when isolated), so that a mistake in any
     of them is found before the run."""
-    from ..definitions import load
+    from ..operators import load
     from ..ops import impl_label
     config = s.config or s.profile.config
     budget_config = s.budget_config or s.config or s.profile.budget_config

@@ -119,7 +119,7 @@ def _run_unit(options: dict, op: str, component: str) -> bytes:
     operator); its ComponentResult pickled, once (the report object it carries left out
     when it does not pickle: its data comes back all the same)."""
     from .inputs import context, settings
-    from .runner import run_guarded
+    from .components import run_guarded
     ctx = _contexts.get(op)
     if ctx is None:
         ctx = _contexts[op] = context(op, options["impl"], settings(**options["settings"], progress=_progress))
@@ -139,7 +139,7 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
     ``options``: the implementation and the keyword arguments of ``settings`` (all but
     ``progress``) that this process validated. On a machine with a GPU for every process,
     each pool process runs on a GPU of its own (:func:`gpu_assignment`)."""
-    from .runner import run_guarded
+    from .components import run_guarded
     order = sorted(range(len(units)), key=lambda i: -_WEIGHT.get(units[i][1], 1))
     lock = threading.Lock()
     results: list[ComponentResult | None] = [None] * len(units)
@@ -240,7 +240,7 @@ def _run_operator(units: Sequence[tuple[GateContext, str]], idx: list[int], resu
 
 
 def _run_in_turn(units: Sequence[tuple[GateContext, str]], idx: list[int], results: list) -> None:
-    from .runner import run_guarded
+    from .components import run_guarded
     pending = list(idx)
     while pending:
         for i in pending:

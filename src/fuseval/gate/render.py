@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import os
 import xml.etree.ElementTree as ET
-from typing import Any, Iterator, TextIO
+from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
-from .results import ComponentResult, GateReport, TestResult
+if TYPE_CHECKING:        # annotations only: the report objects call these renderings
+    from .results import ComponentResult, GateReport, TestResult
 
 def _num(x: float, digits: int = 3) -> str:
     from ..report import fmt_number

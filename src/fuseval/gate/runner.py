@@ -5,14 +5,13 @@ from __future__ import annotations
 import datetime
 import sys
 import time
-import traceback
 from typing import Any, Callable, Iterable, Sequence, TextIO
 
-from ..errors import (EXIT_INTERNAL, EXIT_OUT_OF_MEMORY, FusevalError, ImplementationError, UsageError,
-                      is_out_of_memory)
+from ..errors import ImplementationError, UsageError
 from . import components as _components
+from .components import run_guarded
 from .inputs import COMPONENTS, GateContext, Profile, context, resolve_ops, settings
-from .results import ComponentResult, GateReport, TestResult, not_run
+from .results import ComponentResult, GateReport, not_run
 
 
 def utc_timestamp() -> str:
@@ -26,33 +25,6 @@ def stderr_progress(stream: TextIO | None = None) -> Callable[[str], None]:
     def report(message: str) -> None:
         print(f"[gate {time.perf_counter() - t0:6.1f}s] {message}", file=stream or sys.stderr, flush=True)
     return report
-
-
-def _crashed(ctx: GateContext, name: str, exc: Exception, code: int, tb: str | None) -> ComponentResult:
-    msg = f"{name} raised {type(exc).__name__}: {exc}" if tb else f"{name}: {exc}"
-    return ComponentResult(ctx.op, name, "error", msg.splitlines()[0][:300], exit_code=code, messages=[msg],
-                           tests=[TestResult(name, "error", 0.0, msg, tb or msg)],
-                           data={"traceback": tb} if tb else {})
-
-
-def run_guarded(name: str, ctx: GateContext) -> ComponentResult:
-    """Run one component. A FusevalError it raises is a failure of its kind (its exit
-    code); any other exception is a crash: a bug in fuseval (exit 70, its traceback kept),
-    or out of memory; either way the other components still run."""
-    if name in ctx.not_run:
-        return not_run(ctx.op, name, ctx.not_run[name])
-    t0 = time.perf_counter()
-    ctx.progress(f"{ctx.op} {name}: started")
-    try:
-        result = _components.RUNNERS[name](ctx)
-    except FusevalError as exc:
-        result = _crashed(ctx, name, exc, exc.exit_code, None)
-    except Exception as exc:  # noqa: BLE001 - one broken component must not hide the others
-        code = EXIT_OUT_OF_MEMORY if is_out_of_memory(exc) else EXIT_INTERNAL
-        result = _crashed(ctx, name, exc, code, traceback.format_exc())
-    result.seconds = time.perf_counter() - t0
-    ctx.progress(f"{ctx.op} {name}: {result.status} ({result.seconds:.1f}s)")
-    return result
 
 
 def _components_of(components: Iterable[str]) -> list[str]:
@@ -71,7 +43,7 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
     """Per operator, in order: its context, or (under "all") the components it does not
     run because it has no implementation ``impl``. Every context is built (validated)
     before anything runs."""
-    from ..definitions import load
+    from ..operators import load
     from ..ops import impl_label, missing_implementation
     every = isinstance(op, str) and op == "all"
     reasons = {name: missing_implementation(load(name), impl) if every else None for name in names}
@@ -90,7 +62,7 @@ def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     """The implementation's worker processes of every operator spawned side by side before
     the contexts start them one by one (each imports torch meanwhile)."""
     from .. import isolation
-    from ..definitions import load
+    from ..operators import load
     if len(names) < 2 or not isolation.isolates(impl, s.isolate):
         return
     try:

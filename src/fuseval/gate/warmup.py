@@ -34,7 +34,7 @@ def shapes(contexts: Sequence[Any], components: Sequence[str] = ("check", "budge
     budget of ``contexts`` will run (those of ``components``): each operator's in the order
     its components reach them, the operators taken in turn (the gate may run them side by
     side, each starting with its first case)."""
-    from ..definitions import load
+    from ..operators import load
     per_op: list[list[tuple[str, Any, dict]]] = []
     for ctx in contexts:
         seen: set = set()
@@ -70,7 +70,7 @@ def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> 
 def _warm_one(item: tuple, impl: str, device: str, mode: str) -> None:
     """One item of :func:`plan`: a case shape's calls, or an operator's property checks."""
     import torch
-    from ..definitions import load
+    from ..operators import load
     from ..inputs import generate_inputs
     from ..ops import resolve_impl
     kind, op, config, axes = item

@@ -25,7 +25,7 @@ import torch
 
 from .. import ops
 from ..check import compare, resolve_device
-from ..definitions import load
+from ..operators import load
 from ..errors import UsageError
 from ..inputs import generate_inputs
 from . import inputs as problem_inputs

@@ -162,26 +162,6 @@ def _shape(problem: Problem, name: str, axes: Mapping[str, int]) -> tuple[int, .
     return None if shape is None else tuple(int(evaluate_expression(d, axes)) for d in shape)
 
 
-@contextlib.contextmanager
-def seeded_global_generators(seed: int, device: torch.device):
-    """torch's, Python's and numpy's global generators seeded for a custom entry point,
-    and restored afterwards."""
-    import numpy as np
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
-    py_state, np_state = random.getstate(), np.random.get_state()
-    derived = int(input_generator(seed, "custom").initial_seed())
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(derived)
-            random.seed(derived)
-            np.random.seed(derived % (1 << 32))
-            yield
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-
-
 def _custom_inputs(problem: Problem, workload: Workload, axes: Mapping[str, int], seed: int,
                    device: torch.device) -> dict[str, Any]:
     from .problem_code import custom_inputs

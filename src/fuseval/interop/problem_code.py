@@ -29,15 +29,18 @@ MemoryError), for the callers that treat memory as a budget.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import random
 import sys
 import types
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..errors import exit_code_for, is_out_of_memory
-from .sol_problem import Problem, ProblemError
+from ..inputs import input_generator
+from .sol_problem import Problem, ProblemError, read_problem
 
 __all__ = ["ProblemCodeError", "ProblemCodeViolation", "reference_module", "run_reference", "custom_inputs",
            "serve", "TIMEOUT"]
@@ -129,10 +132,29 @@ def _reference_here(problem: Problem, inputs: Sequence[Any], lifted: bool, mode:
     return result, active.summary()
 
 
+@contextlib.contextmanager
+def seeded_global_generators(seed: int, device: torch.device):
+    """torch's, Python's and numpy's global generators seeded for a custom entry point,
+    and restored afterwards."""
+    import numpy as np
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    py_state, np_state = random.getstate(), np.random.get_state()
+    derived = int(input_generator(seed, "custom").initial_seed())
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(derived)
+            random.seed(derived)
+            np.random.seed(derived % (1 << 32))
+            yield
+    finally:
+        random.setstate(py_state)
+        np.random.set_state(np_state)
+
+
 def _custom_inputs_here(problem: Problem, axes_and_scalars: Mapping[str, Any], device, seed: int) -> dict:
     import torch
 
-    from .inputs import seeded_global_generators
     fn = getattr(reference_module(problem), problem.custom_inputs_entrypoint)
     where = f"{problem.custom_inputs_entrypoint}()"
     with torch.no_grad(), seeded_global_generators(seed, torch.device(device)):
@@ -253,11 +275,10 @@ def serve(request, *tensors):
     return its tensors; what it says besides goes in the reply's note
     (:func:`fuseval.worker_process.note`). Errors of the problem's code travel in the
     note; running out of memory raises, for the worker to report as such."""
-    from . import problems
     from ..worker_process import note
     req = json.loads(bytes(request.numpy()).decode())
     try:
-        problem = importlib.import_module(problems.remember(req["directory"])).PROBLEM
+        problem = read_problem(req["directory"])
         values = _unpack(tensors, req["kinds"])
         if req["kind"] == "custom_inputs":
             produced = _custom_inputs_here(problem, req["axes"], req["device"], req["seed"])

@@ -6,8 +6,8 @@ the reference source under ``reference`` and an optional ``custom_inputs_entrypo
 tolerance) and optionally ``reference.py``, ``metadata.json`` and ``solution*.json``
 files (SOL-ExecBench's docs/definition.md, workload.md and solution.md describe the
 format). :func:`read_problem` validates it; every error names
-the file, the field, what was expected and what was given. :func:`operator_spec` turns
-it into an :class:`~fuseval.operators.OperatorSpec` whose definition is built from the
+the file, the field, what was expected and what was given.
+:func:`fuseval.interop.problems.operator_spec` turns it into an :class:`~fuseval.operators.OperatorSpec` whose definition is built from the
 folder (one case per supported workload, with the workload's tolerance) and whose code
 lives in a module made for it (:mod:`fuseval.interop.problems`).
 
@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 from ..errors import BadFileError
 
-__all__ = ["Problem", "Workload", "ProblemError", "read_problem", "operator_spec", "module_name",
+__all__ = ["Problem", "Workload", "ProblemError", "read_problem", "module_name",
            "fuseval_tolerance", "TOLERANCE_DEFAULTS", "PROBLEM_PATH_VARIABLE"]
 
 # the environment variable listing problem folders (os.pathsep-separated) that every
@@ -477,19 +477,3 @@ def _fuseval_definition(problem: Problem, implementations: dict[str, str]) -> di
         "sol_problem": {"directory": problem.directory, "workload_lines": [w.line for w in workloads],
                         "workload_uuids": [w.uuid for w in workloads]},
     }
-
-
-def operator_spec(directory: str):
-    """The :class:`~fuseval.operators.OperatorSpec` of the problem folder ``directory``.
-
-    Its code (oracles, input hook, definition text) is a module made for it,
-    ``fuseval.interop.problems.<name>_<hash>``; the folder is added to the environment
-    variable ``FUSEVAL_PROBLEM_PATH`` so that worker processes spawned from this one
-    import that module too. Raises :class:`ProblemError` for a malformed folder."""
-    from . import problems
-    problem = read_problem(directory)
-    problems.remember(problem.directory)
-    folders = [p for p in os.environ.get(PROBLEM_PATH_VARIABLE, "").split(os.pathsep) if p]
-    if problem.directory not in {os.path.realpath(p) for p in folders}:
-        os.environ[PROBLEM_PATH_VARIABLE] = os.pathsep.join(folders + [problem.directory])
-    return problems.spec_of(problem)

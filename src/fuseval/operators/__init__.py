@@ -23,17 +23,22 @@ is how a spawned worker process sees the same problems as its parent).
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
+import json
 import os
 import pkgutil
 from dataclasses import dataclass
 from importlib import metadata, resources
 from typing import Any, Callable, Mapping
 
-from ..errors import UnknownOperatorError
+from ..definitions import Definition, parse, qualify
+from ..errors import UnknownOperatorError, UsageError
 
 __all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
-           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV"]
+           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
+           "load", "variant_scope", "list_operators"]
 
 ENTRY_POINT_GROUP = "fuseval.operators"
 PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
@@ -119,14 +124,6 @@ class OperatorSpec:
         return [] if self.mutants is None else list(self.resolve(self.mutants)())
 
 
-def qualify(reference: str, package: str) -> str:
-    """``".fast:forward"`` in ``package`` -> ``"package.fast:forward"`` (absolute names unchanged)."""
-    module, sep, attr = reference.partition(":")
-    if module.startswith("."):
-        module = importlib.util.resolve_name(module, package)
-    return f"{module}{sep}{attr}"
-
-
 def resolve(reference: str, package: str | None = None) -> Any:
     """Import what ``"module[:attr.attr]"`` names; a leading dot is relative to ``package``."""
     module_name, _, attr = (qualify(reference, package) if package else reference).partition(":")
@@ -169,9 +166,14 @@ def _problem_path() -> list[str]:
     return [d for d in os.environ.get(PROBLEM_PATH_ENV, "").split(os.pathsep) if d]
 
 
+# Problem folders are a source of operators above this layer (fuseval.interop reads them),
+# declared here as a plug-in reference, as entry points and operator packages are: the
+# registry resolves it by name when a folder is registered, and never imports it otherwise.
+PROBLEM_SOURCE = "fuseval.interop.problems:operator_spec"
+
+
 def _problem_spec(directory: str) -> OperatorSpec:
-    from ..interop.sol_problem import operator_spec
-    return operator_spec(directory)
+    return resolve(PROBLEM_SOURCE)(directory)
 
 
 def register(candidate: OperatorSpec) -> OperatorSpec:
@@ -184,7 +186,6 @@ def register(candidate: OperatorSpec) -> OperatorSpec:
 def register_problem(directory: str | os.PathLike) -> OperatorSpec:
     """Register a SOL-ExecBench problem folder as an operator and list it in
     ``FUSEVAL_PROBLEM_PATH``, so worker processes started later register it too."""
-    from ..errors import UsageError
     directory = os.path.abspath(os.fspath(directory))
     candidate = _problem_spec(directory)
     taken = registry().get(candidate.name)
@@ -216,3 +217,51 @@ def spec(name: str) -> OperatorSpec:
     if name not in known:
         raise UnknownOperatorError(f"unknown operator {name!r}; known operators: {', '.join(known)}")
     return known[name]
+
+
+# ---------------------------------------------------------------------- definitions by name
+def list_operators() -> list[str]:
+    return names()
+
+
+_CACHE: dict[str, Definition] = {}
+
+
+# {operator name: variant} in force for ``load`` calls that name no variant (see variant_scope)
+_VARIANT_SCOPE: contextvars.ContextVar[Mapping[str, str]] = contextvars.ContextVar(
+    "fuseval_variant_scope", default={})
+
+
+@contextlib.contextmanager
+def variant_scope(variants: Mapping[str, str]):
+    """Within the block, ``load(name)`` gives operator ``name`` under ``variants[name]``.
+
+    This is the one switch a command sets (``--variant``) so that every component it runs
+    (check, gate, budget, bench, export, the properties) loads the same semantics."""
+    for op, variant in variants.items():
+        load(op).with_variant(variant)          # unknown operator or variant: fail here
+    token = _VARIANT_SCOPE.set({**_VARIANT_SCOPE.get(), **variants})
+    try:
+        yield
+    finally:
+        _VARIANT_SCOPE.reset(token)
+
+
+def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
+    """Load an operator definition, optionally with a named or custom configuration and a
+    named semantic variant (None: the one ``variant_scope`` sets, else the benchmark's
+    semantics; a given Definition keeps its own)."""
+    if isinstance(name, Definition):
+        d = name if config == "seed" and name.config == "seed" else name.with_config(config)
+        return d if variant is None else d.with_variant(variant)
+    if name not in _CACHE:
+        spec_ = spec(name)          # UnknownOperatorError names the known ones
+        raw = json.loads(spec_.definition_text())
+        if raw.get("name") != name:
+            raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
+                             f"its spec {name!r}")
+        _CACHE[name] = parse(raw, spec_.package)
+    d = _CACHE[name]
+    d = d if config == "seed" else d.with_config(config)
+    variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
+    return d if variant is None else d.with_variant(variant)

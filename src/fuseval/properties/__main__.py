@@ -33,7 +33,7 @@ def main(argv=None) -> int:
         for folder in args.problems:
             register_problem(folder)
 
-    from ..definitions import load
+    from ..operators import load
     from ..check import resolve_device
     from .fast_vs_reference import evaluate
     from .strategies import Binding, Example, Recipe

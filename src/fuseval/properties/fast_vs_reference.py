@@ -39,7 +39,8 @@ from hypothesis.errors import Flaky, Unsatisfiable
 
 from .. import ops as _ops
 from ..check import resolve_device, run_case
-from ..definitions import Case, Tolerance, load
+from ..definitions import Case, Tolerance
+from ..operators import load
 from ..errors import OutOfMemory, is_out_of_memory
 from ..memory import draw_budget
 from ..precision import unit_roundoff

@@ -43,6 +43,11 @@ __all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraE
            "MetamorphicCheck", "AdversarialHook", "hooks_of"]
 
 
+# the generic fields of an adversarial recipe (fuseval.properties.strategies.Recipe, which
+# checks at import that it has exactly these): an operator's own features take other names
+GENERIC_RECIPE_FIELDS = ("magnitude", "zero_rows", "eps", "rotary", "noncontiguous", "norm_weights", "features")
+
+
 @dataclass(frozen=True)
 class TightBound:
     """The ``tight_bound`` property: on well-conditioned draws (benchmark and realistic
@@ -189,10 +194,7 @@ class PropertyHooks:
             raise ValueError(f"PropertyHooks.explicit_bindings: expected two (consts, var axes) "
                              f"pairs, got {len(self.explicit_bindings)}")
         if self.recipe_features:
-            from dataclasses import fields
-
-            from .strategies import Recipe
-            clash = sorted({f.name for f in fields(Recipe)} & set(self.recipe_features))
+            clash = sorted(set(GENERIC_RECIPE_FIELDS) & set(self.recipe_features))
             if clash:
                 raise ValueError(f"PropertyHooks.recipe_features: {clash} are generic recipe fields; "
                                  f"name the operator's own features differently")

@@ -28,7 +28,8 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from ..check import compare
-from ..definitions import Definition, Tolerance, load
+from ..definitions import Definition, Tolerance
+from ..operators import load
 from ..ops import resolve_impl
 from .hooks import hooks_of
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import operators
-from ..definitions import load
+from ..operators import load
 from ..inputs import TORCH_DTYPES
 from ..ops import resolve_impl
 

@@ -7,7 +7,7 @@ naming the constraints and what was tried.
 """
 from __future__ import annotations
 
-from ..definitions import load
+from ..operators import load
 from ..errors import BadFileError
 from .hooks import hooks_of
 from .profiles import Space

@@ -48,10 +48,11 @@ import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
-from ..definitions import Definition, load
+from ..definitions import Definition
+from ..operators import load
 from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
 from ..memory import DRAW_COPIES, draw_bytes
-from .hooks import PropertyHooks, hooks_of
+from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 
 __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_COPIES", "recipes", "inputs", "examples",
@@ -266,6 +267,9 @@ class Recipe:
 
 
 _GENERIC_FIELDS = tuple(f.name for f in fields(Recipe) if f.name != "features")
+if tuple(f.name for f in fields(Recipe)) != GENERIC_RECIPE_FIELDS:
+    raise ImportError(f"Recipe's fields {[f.name for f in fields(Recipe)]} differ from "
+                      f"fuseval.properties.hooks.GENERIC_RECIPE_FIELDS {list(GENERIC_RECIPE_FIELDS)}")
 
 # the generic features' strategies, plain value first (they shrink to "no change")
 GENERIC_FEATURES: dict[str, st.SearchStrategy] = {

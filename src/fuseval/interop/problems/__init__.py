@@ -46,7 +46,7 @@ import torch
 from ...operators import OperatorSpec
 from ..sol_problem import PROBLEM_PATH_VARIABLE, Problem, ProblemError, module_name, read_problem
 
-__all__ = ["remember", "spec_of", "ProblemSpec"]
+__all__ = ["remember", "spec_of", "operator_spec", "ProblemSpec"]
 
 _PREFIX = __name__ + "."
 _FOLDERS: dict[str, str] = {}          # module name -> problem folder
@@ -101,6 +101,21 @@ def spec_of(problem: Problem) -> ProblemSpec:
                        properties=f"{problem.module}:PROPERTY_HOOKS")
 
 
+def operator_spec(directory: str):
+    """The :class:`~fuseval.operators.OperatorSpec` of the problem folder ``directory``.
+
+    Its code (oracles, input hook, definition text) is a module made for it,
+    ``fuseval.interop.problems.<name>_<hash>``; the folder is added to the environment
+    variable ``FUSEVAL_PROBLEM_PATH`` so that worker processes spawned from this one
+    import that module too. Raises :class:`ProblemError` for a malformed folder."""
+    problem = read_problem(directory)
+    remember(problem.directory)
+    folders = [p for p in os.environ.get(PROBLEM_PATH_VARIABLE, "").split(os.pathsep) if p]
+    if problem.directory not in {os.path.realpath(p) for p in folders}:
+        os.environ[PROBLEM_PATH_VARIABLE] = os.pathsep.join(folders + [problem.directory])
+    return spec_of(problem)
+
+
 def _outputs_to_fuseval(outputs) -> tuple:
     return tuple(o.view(torch.uint8) if isinstance(o, torch.Tensor) and o.dtype == torch.float4_e2m1fn_x2 else o
                  for o in outputs)
@@ -128,6 +143,14 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         """The problem's reference as written (what the benchmark compares against)."""
         return _outputs_to_fuseval(problem_code.run_reference(problem, problem_inputs.to_benchmark(problem, inputs),
                                                               lifted=False))
+
+    def reference_under_mode(inputs, mode):
+        """(the oracle's outputs, what the mode said) with the torch function mode ``mode``
+        (``("module:Class", args)``, one of fuseval's own) active around the lifted reference,
+        run where the problem's code runs (the diagnosis's generic mistakes)."""
+        result, said = problem_code.run_reference(problem, problem_inputs.to_benchmark(problem, list(inputs)),
+                                                  lifted=True, mode=mode)
+        return _outputs_to_fuseval(result.lifted), said
 
     def benchmark_inputs(defn, axes, seed, device="cpu"):
         """The workload's inputs as its descriptors say (fuseval.interop.inputs)."""
@@ -157,9 +180,10 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
     module.reference = reference
     module.sol_reference = sol_reference
     module.benchmark_inputs = benchmark_inputs
+    module.reference_under_mode = reference_under_mode
     module.SOLUTIONS = dict(table)
     module.__getattr__ = __getattr__
-    for fn in (reference, sol_reference, benchmark_inputs):
+    for fn in (reference, sol_reference, reference_under_mode, benchmark_inputs):
         fn.__module__ = module.__name__
         fn.__qualname__ = fn.__name__
     reference.oracle_notes = []

@@ -20,7 +20,7 @@ import torch
 from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
 import triton
 
-from ...definitions import load
+from .. import load
 from . import _kernels as K
 from ._quant import DEFAULT_QUANT_CONFIG, QuantConfig, quantize_rows
 

@@ -33,7 +33,8 @@ from typing import Any, Callable, Sequence
 import torch
 from hypothesis import strategies as st
 
-from ...definitions import Definition, Tolerance, load
+from ...definitions import Definition, Tolerance
+from .. import load
 from ...properties import invariants as inv
 from ...properties.hooks import ExtraExample, Magnitudes, PropertyHooks, RecipeFeature, TightBound
 from ...properties.strategies import Recipe, feature_generator

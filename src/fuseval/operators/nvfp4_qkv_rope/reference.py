@@ -22,7 +22,7 @@ from typing import Any, Mapping, MutableMapping
 
 import torch
 
-from ...definitions import load
+from .. import load
 from ...refimpl import nvfp4
 from ...refimpl import stages as st
 from ...validate import accepts_benchmark_dtypes

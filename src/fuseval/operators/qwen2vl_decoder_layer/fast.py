@@ -187,7 +187,7 @@ def with_tables(tables: Tables | Mapping[str, Any] | str, precision: str = "tf32
 # --------------------------------------------------------------------------- inputs
 @functools.lru_cache(maxsize=1)
 def _definition():
-    from ...definitions import load
+    from .. import load
     return load(NAME)
 
 

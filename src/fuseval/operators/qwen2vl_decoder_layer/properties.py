@@ -25,7 +25,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ...definitions import Definition, Tolerance, load
+from ...definitions import Definition, Tolerance
+from .. import load
 from ...properties import invariants as inv
 from ...properties.hooks import Magnitudes, PropertyHooks, TightBound
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, MutableMapping
 import torch
 import torch.nn.functional as F
 
-from ...definitions import load
+from .. import load
 from ...refimpl import stages as st
 from ...torch_flags import matmul_flags
 

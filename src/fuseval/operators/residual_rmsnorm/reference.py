@@ -10,7 +10,7 @@ from typing import Mapping, MutableMapping
 
 import torch
 
-from ...definitions import load
+from .. import load
 from ...refimpl import stages as st
 
 NAME = "residual_rmsnorm"
