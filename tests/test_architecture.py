@@ -1,5 +1,6 @@
-"""The shape of the tree: operators are plug-ins, the harness never names one, files and
-functions stay readable. Each test names the offending place, so a failure says what to move."""
+"""The shape of the tree: operators are plug-ins, the harness never names one, and modules
+import downward only (the layers of docs/architecture.md). Each test names the offending
+place, so a failure says what to move."""
 from __future__ import annotations
 
 import ast
@@ -13,8 +14,6 @@ from fuseval import operators
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "fuseval"
 HARNESS = [p for p in sorted(SRC.rglob("*.py")) if "operators" not in p.relative_to(SRC).parts]
-MAX_FILE_LINES = 600
-MAX_FUNCTION_LINES = 100
 
 
 def _code_without_docs(path: pathlib.Path) -> str:
@@ -60,26 +59,160 @@ def test_every_operator_is_a_package_with_its_data():
         assert spec.name == name
 
 
-@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_source_file_is_over_the_limit(path):
-    n = len(path.read_text().splitlines())
-    assert n <= MAX_FILE_LINES, f"{path.relative_to(SRC)} has {n} lines (limit {MAX_FILE_LINES}): split it"
+# --------------------------------------------------------------------------- layers
+# The layers of docs/architecture.md, lowest first: a module may import its own layer and the
+# ones below, never one above, and no set of modules may import each other in a cycle.
+# Every ``import`` statement counts, those inside functions included. A module is placed by
+# the longest prefix listed; operator packages (fuseval.operators.<name>) are plug-ins above
+# the tools, found by the registry by name. The root package (``fuseval``, the Python API's lazy
+# names) is an interface: a new module must be placed here explicitly.
+LAYERS = [
+    ("base", ["fuseval._version", "fuseval.errors", "fuseval.jsonio", "fuseval.memory", "fuseval.torch_flags",
+              "fuseval.precision", "fuseval.fast", "fuseval.refimpl"]),
+    ("data", ["fuseval.definitions", "fuseval.axis_equations"]),
+    ("operator model", ["fuseval.operators", "fuseval.ops", "fuseval.inputs", "fuseval.validate",
+                        "fuseval.staged"]),
+    ("comparison", ["fuseval.comparison", "fuseval.hygiene"]),
+    ("runner", ["fuseval.runner", "fuseval.worker_process", "fuseval.integrity", "fuseval.isolation",
+                "fuseval.in_process", "fuseval.clocks", "fuseval.ceilings"]),
+    # the mutant records sit with the check: the diagnosis of a failing case matches them
+    ("check", ["fuseval.report", "fuseval.oracles", "fuseval.properties.mutants", "fuseval.diagnosis",
+               "fuseval.check", "fuseval.stats"]),
+    ("tools", ["fuseval.budget", "fuseval.properties", "fuseval.bench", "fuseval.bench_parts",
+               "fuseval.bench_render", "fuseval.interop", "fuseval.baseline"]),
+    ("gate", ["fuseval.gate"]),
+    ("operator packages", ["fuseval.operators.*"]),
+    ("interfaces", ["fuseval.cli", "fuseval.commands", "fuseval.pytest_plugin", "fuseval.properties.__main__",
+                    "fuseval"]),
+]
 
 
-def _is_kernel(node: ast.AST) -> bool:
-    for d in getattr(node, "decorator_list", []):
-        text = ast.unparse(d)
-        if "jit" in text:          # @triton.jit, @gluon.jit
-            return True
-    return False
+def _module_name(path: pathlib.Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-@pytest.mark.parametrize("path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC)))
-def test_no_function_is_over_the_limit_outside_kernels(path):
-    long = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_kernel(node):
-            n = node.end_lineno - node.lineno + 1
-            if n > MAX_FUNCTION_LINES:
-                long.append(f"{node.name} ({n} lines, line {node.lineno})")
-    assert not long, f"{path.relative_to(SRC)}: functions over {MAX_FUNCTION_LINES} lines: {', '.join(long)}"
+MODULES = {_module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+def layer_of(module: str) -> int:
+    best, where = -1, None
+    for index, (_, prefixes) in enumerate(LAYERS):
+        for prefix in prefixes:
+            if prefix.endswith(".*"):       # a subpackage of the prefix, not the prefix itself
+                base = prefix[:-2]
+                hit = module.startswith(base + ".") and len(base) + 1 > best
+                length = len(base) + 1
+            else:
+                # a prefix holds its submodules too, but the root package only itself
+                hit = module == prefix or (prefix != "fuseval" and module.startswith(prefix + "."))
+                length = len(prefix)
+            if hit and length > best:
+                best, where = length, index
+    if where is None:
+        raise AssertionError(f"{module} is in no layer of tests/test_architecture.py's LAYERS: place it")
+    return where
+
+
+def imports_of(module: str, path: pathlib.Path) -> dict[str, list[int]]:
+    """{fuseval module imported: [line, ...]} of every import statement in the file (those
+    inside functions too; ``if TYPE_CHECKING:`` blocks, which never run, left out). ``from
+    X import name`` counts as importing the module X.name where that is a module, else X."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skipped.update(id(n) for n in ast.walk(node))
+    found: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts) + ("." + node.module if node.module else "")
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.setdefault(target, []).append(node.lineno)
+    return found
+
+
+GRAPH = {m: imports_of(m, p) for m, p in MODULES.items()}
+
+
+def test_every_module_has_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+def test_modules_import_downward_only():
+    upward = [f"{m} (layer {LAYERS[layer_of(m)][0]}) imports {t} (layer {LAYERS[layer_of(t)][0]}) at line(s) {lines}"
+              for m, targets in GRAPH.items() for t, lines in targets.items() if layer_of(t) > layer_of(m)]
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def cycles(graph: dict[str, dict[str, list[int]]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycles():
+    found = cycles(GRAPH)
+    detail = [" <-> ".join(c) + ": " + "; ".join(f"{a} -> {b} {GRAPH[a][b]}" for a in c for b in GRAPH[a] if b in c)
+              for c in found]
+    assert not found, "modules that import each other (counting imports inside functions):\n" + "\n".join(detail)
+
+
+def test_the_import_scan_sees_cycles_and_upward_imports(tmp_path):
+    # the two rules above would pass vacuously if the scan missed imports inside functions
+    graph = {"a": {"b": [3]}, "b": {"c": [1]}, "c": {"a": [9]}, "d": {"a": [1]}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from fuseval.gate import runner\n    import fuseval.check\n"
+                 "if TYPE_CHECKING:\n    from fuseval import cli\n")
+    found = imports_of("fuseval.errors", f)
+    assert set(found) == {"fuseval.gate.runner", "fuseval.check"}
+    assert layer_of("fuseval.gate.runner") > layer_of("fuseval.errors")
+    assert layer_of("fuseval.operators.nvfp4_qkv_rope.fast") > layer_of("fuseval.gate") > layer_of("fuseval.operators")
+    assert layer_of("fuseval.properties.__main__") == len(LAYERS) - 1
+    with pytest.raises(AssertionError, match="in no layer"):
+        layer_of("fuseval.a_module_nobody_placed")

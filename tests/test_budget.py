@@ -325,7 +325,7 @@ def test_json_report_is_strict_versioned_and_renders_again(fp32_reports, tmp_pat
 
 def test_json_report_writes_non_finite_numbers_as_strings_and_reads_them_back(fp32_reports, tmp_path):
     import copy
-    from fuseval.budget.report import _e
+    from fuseval.budget.markdown import _e
     from fuseval.jsonio import number
     r = copy.deepcopy(fp32_reports[OP_B])
     r.cases[0].end_to_end.staged_vs_forward = math.inf

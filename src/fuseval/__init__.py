@@ -24,7 +24,7 @@ import importlib
 import sys
 import types
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # attribute -> (module, attribute or None for the module itself), imported on first access
 _LAZY = {

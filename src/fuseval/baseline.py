@@ -258,8 +258,8 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
 def _header(defn, impl: str, dev, mode: str, seeds: list[int], sources: list[str]) -> dict[str, Any]:
     """What a baseline was measured with: tool versions, operator, implementation, device."""
     import torch
-    from . import __version__
-    from .gate import utc_timestamp
+    from ._version import __version__
+    from .report import utc_timestamp
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "fuseval baseline",

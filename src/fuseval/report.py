@@ -1,6 +1,7 @@
 """Terminal output shared by the commands: progress lines and result tables (rich)."""
 from __future__ import annotations
 
+import datetime
 import math
 import sys
 from typing import TextIO
@@ -8,7 +9,12 @@ from typing import TextIO
 from .definitions import axes_label
 
 __all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err", "fmt_number",
-           "config_label", "timing_line"]
+           "config_label", "timing_line", "utc_timestamp"]
+
+
+def utc_timestamp() -> str:
+    """Now, in UTC, as the reports record it: 2025-01-31T12:00:00Z."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def console(stream: TextIO | None = None):

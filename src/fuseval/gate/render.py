@@ -8,7 +8,7 @@ import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Any, Iterator, TextIO
 
 if TYPE_CHECKING:        # annotations only: the report objects call these renderings
-    from .results import ComponentResult, GateReport, TestResult
+    from .results import ComponentResult, GateReport
 
 def _num(x: float, digits: int = 3) -> str:
     from ..report import fmt_number
@@ -103,18 +103,11 @@ def _clean(text: str) -> str:
     return "".join(ch for ch in str(text) if ch in "\t\n\r" or ord(ch) >= 32)
 
 
-def _tests_of(c: ComponentResult) -> list[TestResult]:
-    if c.tests:
-        return c.tests
-    status = "pass" if c.status in ("pass", "warn") else c.status
-    return [TestResult(c.name, status, c.seconds, c.summary, "\n".join(c.messages))]
-
-
 def junit_xml(report: GateReport) -> str:
     root = ET.Element("testsuites", name="fuseval gate")
     totals = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
     for c in report.components:
-        tests = _tests_of(c)
+        tests = c.test_results()
         suite = ET.SubElement(root, "testsuite", name=f"fuseval.{c.op}.{c.name}")
         counts = {"tests": len(tests), "failures": 0, "errors": 0, "skipped": 0}
         for t in tests:

@@ -52,6 +52,13 @@ class ComponentResult:
     def failed(self) -> bool:
         return self.status in ("fail", "error")
 
+    def test_results(self) -> list[TestResult]:
+        """The component's test results (JUnit): its own, else one for the whole component."""
+        if self.tests:
+            return self.tests
+        status = "pass" if self.status in ("pass", "warn") else self.status
+        return [TestResult(self.name, status, self.seconds, self.summary, "\n".join(self.messages))]
+
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "result"}
 

@@ -2,7 +2,6 @@
 turn, guarded so that one that crashes is reported and the others still run."""
 from __future__ import annotations
 
-import datetime
 import sys
 import time
 from typing import Any, Callable, Iterable, Sequence, TextIO
@@ -12,11 +11,7 @@ from . import components as _components
 from .components import run_guarded
 from .inputs import COMPONENTS, GateContext, Profile, context, resolve_ops, settings
 from .results import ComponentResult, GateReport, not_run
-
-
-def utc_timestamp() -> str:
-    """Now, in UTC, as the reports record it: 2025-01-31T12:00:00Z."""
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+from ..report import utc_timestamp
 
 
 def stderr_progress(stream: TextIO | None = None) -> Callable[[str], None]:

@@ -137,6 +137,7 @@ def seeded_global_generators(seed: int, device: torch.device):
     """torch's, Python's and numpy's global generators seeded for a custom entry point,
     and restored afterwards."""
     import numpy as np
+    import torch
     devices = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
     py_state, np_state = random.getstate(), np.random.get_state()
