@@ -18,8 +18,8 @@ CANDIDATES = {
     "unfused": dict(quant_config=fast.QuantConfig(fuse_predecode=False)),
     # the production table, CUDA graphs up to 4096 tokens
     "graphs4096": dict(graph_max_tokens=4096),
-    # the quantizer's fastest settings of benchmarks/probe_nvfp4_act_quant.py (tile 4096:4,
-    # amax steps of 16384 elements), timed in the whole call
+    # the quantizer's fastest settings of the act-quant probe (tile 4096:4, amax steps of
+    # 16384 elements; design B 2.2, the probe is at commit 7cff3a3), timed in the whole call
     "quant4096": dict(quant_config=fast.QuantConfig(tile=4096, warps=4, amax_block=16384)),
 }
 

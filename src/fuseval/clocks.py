@@ -1,8 +1,8 @@
 """What clock the GPU ran at while something was timed.
 
-Why it matters: under long tensor-core loads an H200 reaches its power cap (700 W) and
-lowers the SM clock, from 1980 MHz to as little as 1440 MHz in a grouped-GEMM probe of
-op A's fast path (benchmarks/). The ceilings that set a benchmark's floor are
+Why it matters: under long tensor-core loads a GPU can reach its power cap and lower the
+SM clock well below its burst clock (figures: docs/design/harness.md#clocks-and-the-power-cap).
+The ceilings that set a benchmark's floor are
 measured in short bursts, so a latency that looks far from its floor may be a kernel
 running at the same rate per clock as the ceiling, on a slower clock. A benchmark report
 that shows the clock next to each timing lets its reader tell the two apart.

@@ -20,8 +20,8 @@ Two modes:
   hook in its spec.
 
 Every input is drawn from its own generator seeded from (seed, input name), *on the
-device the inputs are asked for* (drawing op A's 1 GB of full-size weights on the CPU
-took about 2.8 s a case, nearly all of a GPU check's time). The guarantee:
+device the inputs are asked for* (a CPU draw of full-size weights would dominate a GPU
+check's time: docs/inputs.md). The guarantee:
 
 * the same (seed, case, input) gives the same tensor on every run on the same kind of
   device (for CUDA: the same GPU model, since torch's Philox kernels size their grid by

@@ -127,7 +127,7 @@ def _make_spare(device: str) -> None:
     """Inside a ``session()``, start a process for the next implementation now, so that it
     has imported torch by the time it is needed (``FUSEVAL_SPARE_WORKER=0`` turns this
     off). Outside one there may be no next implementation (a check of one), and a spare
-    would only cost its start (about 3 s of CPU)."""
+    would only cost its start (docs/design/harness.md#spare-worker)."""
     if _spare or _session_depth[0] == 0 or os.environ.get("FUSEVAL_SPARE_WORKER", "1") == "0":
         return
     w = Worker(None, None, _kind(device))

@@ -175,9 +175,8 @@ def kth_smallest(x: torch.Tensor, k: int, *, select: bool | None = None, sample:
     the answer is among them: the r-th of those few candidates, sorted. Otherwise (a
     sample that misjudged the values) t moves fourfold further out, the last resort
     being a sort of everything. Exact in every case; two reads from the device when the
-    sample judges right. (A radix select by ``torch.bincount`` on 16-bit digits measured
-    1.5 ms per pass on an H200: 65536 bins do not fit in shared memory, and values of one
-    magnitude contend for the same few.)"""
+    sample judges right. (Why not a radix select:
+    docs/design/harness.md#quantile-selection.)"""
     n = x.numel()
     if not 1 <= k <= n:
         raise ValueError(f"k: expected 1 <= k <= {n}, got {k}")

@@ -2,8 +2,8 @@
 
 A fused operator issues several kernel launches per call; each costs tens of microseconds
 of Python and driver work on the host. For small inputs the GPU finishes a kernel before
-the host has issued the next one, and the call takes as long as the host needs (op A at
-128 tokens: about 0.6 ms of host work for 0.4 ms of kernels, measured on the H200 host).
+the host has issued the next one, and the call takes as long as the host needs (why:
+docs/design/harness.md#cuda-graphs-for-small-calls).
 
 ``GraphCache`` records the launches of a call into a CUDA graph the second time it sees the
 same inputs (same storage addresses, shapes, strides and dtypes, same scalar arguments)

@@ -1,12 +1,12 @@
 """A faster Triton interpreter for the CPU runs, computing exactly what it computes.
 
 Triton 3.6's interpreter re-patches ``triton.language`` (an ``inspect.getmembers`` walk of
-the module, its tensor class and ``tl.math``, about 2 ms) at every call of a ``@triton.jit``
+the module, its tensor class and ``tl.math``) at every call of a ``@triton.jit``
 helper from inside a kernel, although the launch that runs the kernel has patched the very
 same modules already and restores them when it ends; the helper's patches are never
 restored themselves. The fast paths' kernels call helpers in their inner loops (decode,
-rounding, online softmax), so on the small configurations this re-patching is about 30% of
-an interpreted call.
+rounding, online softmax), so on the small configurations this re-patching is a large
+share of an interpreted call (figures: docs/design/harness.md#triton-interpreter-shortcuts).
 
 :func:`install` makes a helper call skip the re-patch when every language module its
 globals see is one the enclosing launch, or an earlier helper call within it, patched
@@ -20,18 +20,13 @@ Two more of the interpreter's per-op costs go the same way, with the same result
 ``_get_np_dtype`` rebuilds a 20-entry dict of numpy dtypes at each of its calls (a table
 built once answers instead), and ``tl.tuple_type`` formats its display name at each
 construction, hundreds of thousands of times per call of a fast path, though only error
-messages read it (it is now formatted when read). Together about 15% of an interpreted
-call (op A's 16 small cases 7.7 -> 6.3 s, op B's 8.5 -> 7.4 s).
+messages read it (it is now formatted when read).
 
 Shapes (``_install_shape_shortcuts``): every op builds a ``block_type`` and a ``tensor``,
 each unwrapping, validating and re-wrapping its shape in fresh Triton tuples; a shape
-seen before reuses the objects of its first sight. This halves the Python function calls
-of an interpreted call (op B at 64 tokens: 1.12 M -> 0.59 M) and takes about a third
-off its time (0.29 -> 0.18-0.26 s on this 2-core machine). Two operands of one
-shared shape skip ``broadcast_impl_value``'s loop, and a cast to an operand's own scalar
-type returns it at once (Triton returns both unchanged in those cases): 0.59 M -> 0.48 M
-calls. With the gate's changes of the same session, the README's gate went from 66 to 53 s
-wall.
+seen before reuses the objects of its first sight. Two operands of one shared shape skip
+``broadcast_impl_value``'s loop, and a cast to an operand's own scalar type returns it at
+once (Triton returns both unchanged in those cases).
 
 The kernels' outputs are bit for bit the same, and Triton's errors for shapes it refuses
 are its own (``tests/test_interpreter_patch.py``). It applies to the Triton version it was written

@@ -11,8 +11,7 @@ Two ways, chosen by :func:`by_operator`:
   calls (the Triton interpreter on the CPU) in its worker process, and on a GPU the
   oracles' and metrics' kernels, which torch runs with the lock released. No pool process
   imports torch and starts a second worker (and CUDA context) for an operator whose worker
-  is already waiting. Measured on the 2-core CI machine: the README's gate took 66 s wall
-  on a pool of 2 processes and 57.8-58.7 s this way (three runs, same interpreter).
+  is already waiting (figures: docs/design/harness.md#gate-threads-and-cuda-streams).
 * **A pool of processes** (:func:`run_units`) otherwise: each (operator, component) is a
   unit of work handed to a pool of ``jobs`` worker processes.
 
@@ -213,7 +212,7 @@ def _own_stream(device: str):
     (torch's current stream is per thread). On the one default stream, the threads'
     kernels run strictly in the order they were queued: a small kernel of one operator
     waited behind the other's float64 GEMMs, and every read of a result behind both
-    (measured on an H200: op B's check took 18.6-19.6 s beside op A's, 6.7 s alone). The
+    (docs/design/harness.md#gate-threads-and-cuda-streams). The
     stream first waits for what this process queued before; tensors travel to an
     implementation worker with an event of the stream that wrote them (CUDA IPC), and the
     worker synchronises before it answers, so its outputs are complete when read here."""

@@ -29,7 +29,7 @@ def verdict(report: GateReport) -> str:
 
 
 def timing_line(c: ComponentResult) -> str:
-    """"check: 12.3 s (inputs 4.1, oracle 3.0, impl 1.2, compare 0.4, hygiene 3.6)": the
+    """"check: T s (inputs T, oracle T, impl T, compare T, hygiene T)", T in seconds: the
     component's wall time and, where it has one, the breakdown by activity."""
     from ..check import TIMING_KEYS        # a check's breakdown first, in its order
     line = f"{c.name}: {_num(c.seconds)} s"
@@ -222,6 +222,6 @@ def print_summary(report: GateReport, stream: TextIO | None = None, max_findings
         others = len(report.files) - len(main)
         out.print(f"reports in {', '.join(folders)}: {', '.join(main)}"
                   + (f" and {others} component report(s)" if others else ""), **plain)
-    # "GATE PASSED with 1 warning(s) in 12.3 s", "GATE FAILED (exit code 10) in 4.5 s"
+    # "GATE PASSED with 1 warning(s) in T s", "GATE FAILED (exit code 10) in T s"
     head = "[green]GATE PASSED[/]" if report.passed else "[red]GATE FAILED[/]"
     out.print(f"{head}{escape(verdict(report).partition('ED')[2])} in {_num(report.seconds)} s")

@@ -2,8 +2,8 @@
 
 On a GPU the gate runs each operator's components one after the other, and every
 kernel that is not in Triton's on-disk cache is compiled when a component first calls it:
-with an empty cache, compilation is about half of the gate of both fast paths (104 s by
-the gate's clock against 52 s warm on an H200, ``benchmarks/results/h200-2026-12-01-gate``).
+with an empty cache, compilation is a large share of the gate of both fast paths
+(figures: docs/design/harness.md#gate-warm-up).
 Compilation is CPU work, and GPU machines have many cores.
 
 :func:`start` spawns a few processes that take the run's work one item at a time, the next
@@ -58,9 +58,9 @@ def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> 
     ("properties", operator, properties profile, None): one run of its property checks
     with the implementation in the warm-up process. The properties draw their examples
     derandomized, so that run compiles the kernels of the very shapes the gate's
-    properties will draw (measured with an empty cache on an H200: op B's properties took
-    17.3 s against 3.3 s warm). They come after the first ``processes`` case shapes: the
-    checks need those at once, the properties some seconds later."""
+    properties will draw (docs/design/harness.md#gate-warm-up). They come after the first
+    ``processes`` case shapes: the checks need those at once, the properties some seconds
+    later."""
     cases = [("case", *item) for item in shapes(contexts, components)]
     props = [("properties", ctx.op, ctx.profile.properties, None) for ctx in contexts
              if "properties" in components and "properties" not in (ctx.not_run or {})]

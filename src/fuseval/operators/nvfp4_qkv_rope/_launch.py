@@ -90,12 +90,12 @@ class KernelConfig:
 
 TileTable = tuple[tuple[int, KernelConfig], ...]     # ((max_tokens, config), ...), ascending
 
-# The tile table on CUDA, by the number of tokens M = B*S, measured on an H200 (2026-12-02,
-# docs/design/nvfp4_qkv_rope.md): the Gluon kernel on weights predecoded once per call
-# (bf16, by TMA), transposed (tokens as the wgmma's N). 128-token tiles where 256-token
-# ones would leave most SMs idle (48 programs at 256 tokens) or run 1.45 waves (1024
-# tokens); 256-token tiles elsewhere (fewer re-reads of the weights per FLOP). The
-# in-loop FP4 decode it replaced ('256,64,8,4,a,g'): suite mean 0.497 ms against 0.404.
+# The tile table on CUDA (explored on an H200), by the number of tokens M = B*S: the Gluon
+# kernel on weights predecoded once per call (bf16, by TMA), transposed (tokens as the
+# wgmma's N). 128-token tiles where 256-token ones would leave most SMs idle (48 programs
+# at 256 tokens) or run 1.45 waves (1024 tokens); 256-token tiles elsewhere (fewer re-reads
+# of the weights per FLOP). Why, with the figures (also against the in-loop FP4 decode
+# '256,64,8,4,a,g' it replaced): docs/design/nvfp4_qkv_rope.md#three-launches-per-call, 2.1.
 _DENSE_128 = KernelConfig(128, 64, 8, 6, w_as_a=True, gluon=True, predecode=True)
 _DENSE_256 = KernelConfig(256, 64, 8, 4, w_as_a=True, gluon=True, predecode=True)
 H200_TABLE: TileTable = (

@@ -270,10 +270,8 @@ class QuantConfig:
     the amax kernel (8 warps), and whether a weight predecode of the same call runs in the
     amax launch (``fuse_predecode``) or as a launch of its own.
 
-    The defaults: benchmarks/probe_nvfp4_act_quant.py on the H200 (GPU time, 8192 / 2048
-    tokens): tiles 4096:4 0.078 / 0.025 ms, 8192:8 0.080 / 0.026, 16384:8 0.082 / 0.026 (all
-    bit-exact); amax steps 4096 / 8192 / 16384: 0.028 / 0.026 / 0.025 ms at 8192 tokens. The
-    differences are within a few percent; these are the ones the GPU tests ran."""
+    The defaults are the ones the GPU tests ran; the other tiles and amax steps tried were
+    within a few percent of them, all bit-exact (docs/design/nvfp4_qkv_rope.md#22-the-quantizer)."""
     tile: int = 8192
     warps: int = 8
     amax_block: int = 4096

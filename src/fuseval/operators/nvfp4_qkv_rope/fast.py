@@ -58,10 +58,8 @@ MUTANTS: dict[str, str] = {
 _QUANT_MODES = {"weight_only_activations": None, "per_token_amax": "token"}   # quantizer mutants
 
 # Calls of at most this many tokens are replayed from CUDA graphs (fuseval.fast._graphs):
-# the quantizer's and the GEMM's launches take about 0.3 ms of host work per call on the
-# H200 host, more than their GPU time up to 2048 tokens (0.22 ms there). At 4096 tokens
-# replaying measured no gain (suite means 0.4046 vs 0.4036 ms, then 0.4030 vs 0.4027, two
-# runs, 2026-12-02): the replay's copy of the 48 MB of outputs costs what it saves.
+# up to there the launches' host work exceeds their GPU time; beyond, the replay's copy of
+# the outputs costs what it saves (docs/design/nvfp4_qkv_rope.md#host-side-and-small-calls).
 GRAPH_MAX_TOKENS = 2048
 GRAPHS = GraphCache(capacity=4)
 

@@ -216,7 +216,7 @@ def attention_kernel(qk_ptr, k_desc, vt_desc, o_ptr, S, stride_qk, stride_o, qk_
     accumulator layout holds keys (2q, 2q+1) of every 8 in lane q of a quad, the A
     operand wants keys (q, q+4), so ``convert_layout`` exchanges values within each quad
     by warp shuffles (PTX checked: no shared memory in the loop). P through shared memory
-    instead (store, fence, barrier per tile) measured 11% slower at 8192 tokens.
+    instead (store, fence, barrier per tile) was slower (figures: docs/design/qwen2vl_decoder_layer.md#4-figures-behind-the-code).
 
     With 64-row tiles and one K and one V^T slot (STAGES=1) a program needs 96 KB of
     shared memory and 213 registers per thread, so two programs share an SM and one's

@@ -325,9 +325,9 @@ def gemm_weights_as_a_kernel(a_desc, w1_desc, w2_desc, res_ptr, out_ptr, flag_pt
 
     The fp32 weight tile is converted to fp16 in registers, and wgmma takes its A operand
     from registers: the converted tile feeds the tensor cores directly. As the B operand
-    (``_mma``) it would go back through shared memory every K step (measured on the H200
-    by benchmarks/probes/qwen2vl_fp16_gemm.py: 2.76 vs 3.57 ms for the gate projection at
-    8192 tokens). The activations X (fp16, [M, K]) arrive by TMA as the B operand.
+    (``_mma``) it would go back through shared memory every K step, which is slower
+    (docs/design/qwen2vl_decoder_layer.md#the-fp16-policy-the-default).
+    The activations X (fp16, [M, K]) arrive by TMA as the B operand.
     GATE_UP: out = silu(X W1^T) * (X W2^T); else out = (res +) X W1^T, or with split-K
     (axis 1 > 1) slice k of the partial products ([splits, M, N], splitk_reduce_kernel
     adds them and the residual)."""

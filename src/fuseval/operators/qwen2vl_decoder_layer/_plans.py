@@ -154,13 +154,13 @@ class Tables:
 
 
 G = GemmConfig
-# Measured on one H200 (benchmarks/qwen2vl_breakdown.py --phases explore, which writes this
-# table as gpu_table.json; see docs/design/qwen2vl_decoder_layer.md): the fastest
-# tile of each kernel at M = 128, 512, 1024, 2048, 3072, 4096 and 8192 tokens. Small M needs
-# small tiles to occupy the 132 SMs (and split-K for the 18944-long K of the down projection
-# at 128 tokens); large M wants 128 x 256 tiles with TMA. ``gluon=True`` rows run the
-# warp-specialized Gluon kernel (_gluon.py): it wins for the residual GEMMs from 1024-2048
-# tokens up (5-8% at 8192), while the Triton persistent kernel stays ahead for gate/up above
+# Explored on one H200 (benchmarks/qwen2vl_breakdown.py --phases explore, which writes this
+# table as gpu_table.json; figures: docs/design/qwen2vl_decoder_layer.md#gemm-kernels-and-the-tile-table):
+# the fastest tile of each kernel at M = 128, 512, 1024, 2048, 3072, 4096 and 8192 tokens.
+# Small M needs small tiles to occupy the 132 SMs (and split-K for the 18944-long K of the
+# down projection at 128 tokens); large M wants 128 x 256 tiles with TMA. ``gluon=True``
+# rows run the warp-specialized Gluon kernel (_gluon.py): it wins for the residual GEMMs
+# from 1024-2048 tokens up, while the Triton persistent kernel stays ahead for gate/up above
 # 1024. QKV entries are (heads per tile, config): the tile is BM tokens x heads * head_dim.
 _TF32_GEMM: dict[str, dict[int, Any]] = {
     "qkv": {128: (1, G(64, 0, 32, 4, 4)), 512: (1, G(64, 0, 32, 4, 4, True)), 1024: (1, G(128, 0, 32, 8, 4, True)),
@@ -175,28 +175,24 @@ _TF32_GEMM: dict[str, dict[int, Any]] = {
              1024: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True), 2048: G(128, 256, 32, 8, 3, True, True, True),
              **{m: G(128, 256, 32, 8, 3, GROUP_M=16, gluon=True) for m in (3072, 4096, 8192)}},
 }
-# Attention by seq_len. The Gluon kernel where it measured faster than Triton's
-# (benchmarks/probes/qwen2vl_attention.py): 64 x 32 tiles at 64 x 128 tokens (0.118 vs
-# 0.125 ms), 64 x 64 tiles with one K/V slot (two programs per SM) from 1571 tokens
-# (8192: 1.819 vs 1.875 ms; 4096: 0.472 vs 0.498).
+# Attention by seq_len. The Gluon kernel where it was faster than Triton's: 64 x 32 tiles
+# at 64 x 128 tokens, 64 x 64 tiles with one K/V slot (two programs per SM) from 1571
+# tokens (figures: docs/design/qwen2vl_decoder_layer.md#25-attention).
 _TF32_ATTENTION = {128: AttnConfig(64, 32, 4, 2, gluon=True), 373: AttnConfig(64, 32, 4, 2, True),
                    1571: AttnConfig(64, 64, 4, 1, gluon=True), 8192: AttnConfig(64, 64, 4, 1, gluon=True)}
 TF32_TABLES = Tables(_TF32_GEMM, _TF32_ATTENTION, "H200 TF32 table (fuseval)")
 
-# The "fp16" policy. From ``fp16_weights_from`` = 512 tokens up, the call first converts
-# every GEMM weight to fp16 (one pass, 1.4 GB of traffic, 0.344-0.348 ms on the H200), and
-# the GEMMs then run fp16 x fp16 tiles from shared memory at 73-88% of the fp16 burst rate;
-# converting inside the GEMMs instead runs them at about the TF32 rate
-# (benchmarks/probes/qwen2vl_fp16_weights.py, H200, 2026-12-01: the GEMMs at 8192 tokens
-# 6.03 ms + 0.35 ms conversion against 11.22 ms; at 512 tokens 0.42 + 0.34 against 0.89 ms).
-# The rows from 512 up are that probe's fastest tiles per size (t: TMA tiles; persistent,
-# with Triton's warp specialization where it won). Below 512 tokens the conversion would
-# cost more than the GEMMs, so those calls convert fp32 weight tiles in registers with the
-# weights as the tensor cores' register A operand (``weights_as_a``, BM tokens x BN weight
-# rows; 1.3x faster than converting them into the B operand, benchmarks/probes/
-# qwen2vl_fp16_gemm.py), split-K for 128 tokens. Attention: the best of
-# benchmarks/probes/qwen2vl_policies.py --explore (8192 tokens: 0.96 ms with 128 x 64 tiles
-# and three K/V stages, against 1.91 ms for the TF32 table's Gluon kernel).
+# The "fp16" policy (why, with the figures: docs/design/qwen2vl_decoder_layer.md#the-fp16-policy-the-default
+# and sections 2.7-2.8 there). From ``fp16_weights_from`` = 512 tokens up, the call first
+# converts every GEMM weight to fp16 (one pass over 1.4 GB of traffic), and the GEMMs then
+# run fp16 x fp16 tiles from shared memory, well above the TF32 rate that converting inside
+# the GEMMs reaches. The rows from 512 up are the fastest tiles per size of that section's
+# exploration (t: TMA tiles; persistent, with Triton's warp specialization where it won).
+# Below 512 tokens the conversion would cost more than the GEMMs, so those calls convert
+# fp32 weight tiles in registers with the weights as the tensor cores' register A operand
+# (``weights_as_a``, BM tokens x BN weight rows; faster than converting them into the B
+# operand), split-K for 128 tokens. Attention: the best tiles of the policies exploration
+# (128 x 64 tiles and three K/V stages at 8192 tokens).
 _FP16_GEMM: dict[str, dict[int, Any]] = {
     "qkv": {128: (1, G(64, 0, 64, 4, 3)), 512: (2, G(128, 0, 64, 8, 4, True)),
             **{m: (1, G(128, 0, 64, 8, 4, True)) for m in (1024, 2048, 4096)},

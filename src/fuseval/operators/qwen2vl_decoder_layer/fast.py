@@ -24,7 +24,7 @@ Why the RMSNorm weight is not folded into the GEMMs: it scales the K axis of the
 product, so it cannot move to the epilogue the way the row scale could; scaling the A
 tile on the fly would push the operand through registers, and pre-scaling the weights
 would rewrite 0.5 GB of weights every call. The row pass costs one extra read and write
-of [M, H] (about 1% of the layer's floor).
+of [M, H], small against the layer's floor.
 
 Precision policies (``precision=``; ``attention_precision=`` overrides it for the
 attention kernel alone):
@@ -37,24 +37,22 @@ attention kernel alone):
   ``Plan.fp16_weights``): from 512 tokens up, one pass at the start of the call writes
   fp16 copies of the seven GEMM weights (made in every call, freed with it: nothing is
   kept across calls), so that the GEMMs feed fp16 tiles from shared memory to the tensor
-  cores at 73-88% of the fp16 rate; below, the GEMMs convert fp32 weight tiles in
-  registers, since the pass (0.35 ms on the H200) would cost more than they do.
+  cores; below, the GEMMs convert fp32 weight tiles in registers, since the pass would
+  cost more than they do.
   Values beyond fp16's range cannot be stored: the kernels watch for them (a
   one-element flag, ``_kernels._watch``; the conversion pass watches the weights) and the
   call is then recomputed under "tf32" (``FP16_FALLBACK``), so an overflow never reaches
   the output. The flag costs one device-to-host read per call.
-  Measured on the H200 (2026-12-01, benchmarks/results/h200-2026-12-01-fp16/): suite mean
-  3.05 ms against 4.55 ms for "tf32" and 4.22 ms for torch eager fp16, 16/16 cases pass
-  with a max abs error of 2.8-3.7e-3 (torch eager fp16: 3.6-4.6e-3; "tf32": 5.6-6.7e-3).
-  Calls of at most 512 tokens are 5-43% slower than under "tf32" (two runs).
+  Why it is the default, with its speed and errors against "tf32" and torch eager fp16:
+  docs/design/qwen2vl_decoder_layer.md, section 2.8.
 * "tf32": TF32 tensor cores, like torch's TF32 matmuls. A Hopper tensor core reads a
   fp32 operand as TF32 by dropping its 13 low mantissa bits (truncation): every operand
-  shrinks towards zero and the bias adds up coherently over K (max abs 1.3e-2 on the
-  H200 with both operands truncated, failing the benchmark). So every activation that
+  shrinks towards zero and the bias adds up coherently over K (with both operands
+  truncated the layer fails the benchmark's tolerance). So every activation that
   feeds a product is stored already rounded to nearest TF32 by the kernel producing it
   (norm outputs, q'/k'/v, attention output, SiLU*up, and P inside attention); the weights
   are inputs and stay truncated by the hardware (``round_b`` tiles round them in the
-  kernel: 1.7-2.2x slower at 8192 tokens, so off). The "fp16" policy's fallback.
+  kernel, at a cost that keeps it off: design section 2.2). The "fp16" policy's fallback.
 * "tf32x3" (three TF32 products per dot, about fp32 accuracy) and "ieee" (exact fp32
   FMA, slow): the accuracy references.
 
@@ -244,11 +242,11 @@ def _tf32_fallback(plan: Plan, sh: Shape, device: torch.device) -> Plan:
 
 # --------------------------------------------------------------------------- the layer
 # Calls of at most this many tokens are replayed from CUDA graphs (fuseval.fast._graphs):
-# at 128 tokens the host needs about 0.6 ms to issue the launches of 0.4 ms of kernels,
-# and under "fp16" each call ends with the host reading the range flag, so the next
-# call's launches cannot overlap this call's kernels (at 1024 tokens that left 0.5 ms of
-# a 1.8 ms call to the host, H200). Up to 2048 tokens a graph's private memory holds
-# under 0.7 GB (the fp16 weight copies, 0.47 GB, included); the cache keeps 4 graphs.
+# for small calls the host's launch work exceeds the kernels' time, and under "fp16" each
+# call ends with the host reading the range flag, so the next call's launches cannot
+# overlap this call's kernels (docs/design/qwen2vl_decoder_layer.md#small-calls-cuda-graphs).
+# Up to 2048 tokens a graph's private memory holds under 0.7 GB (the fp16 weight copies
+# included); the cache keeps 4 graphs.
 GRAPH_MAX_TOKENS = 2048
 GRAPHS = GraphCache(capacity=4)
 

@@ -16,8 +16,8 @@ tensor cores read an fp32 operand as TF32 by dropping its 13 low mantissa bits
 a TF32 path perturbs both operands of every product, and the output is dominated by the
 exact residual, so normwise <= 2 x 2^-10 = 4 x unit_roundoff("tf32") = 1.95e-3. (The
 factor is 4 on fuseval.precision's unit roundoff 2^-11; the bound is the same number as
-the earlier "factor 2 on u = 2^-10".) Measured on the H200 at full size: torch_tf32
-3.3e-4, the fast path 7.0-7.3e-4; fp32 paths on the CPU ~2e-7. docs/properties.md.
+the earlier "factor 2 on u = 2^-10".) The errors the implementations reach under it:
+docs/properties.md.
 """
 from __future__ import annotations
 
