@@ -28,7 +28,7 @@ from fuseval.check import SOL_REFERENCE, compare, run_case
 from fuseval.inputs import generate_inputs
 from fuseval.jsonio import dumps
 from fuseval.ops import get
-from fuseval.report import fmt_number
+from fuseval.terminal import fmt_number
 
 
 def _ratios(metrics) -> str:

@@ -29,7 +29,7 @@ from fuseval.check import run_case
 from fuseval.inputs import generate_inputs
 from fuseval.jsonio import dumps
 from fuseval.ops import get
-from fuseval.report import fmt_number
+from fuseval.terminal import fmt_number
 
 DEFAULT_IMPL = "torch"
 

@@ -34,9 +34,9 @@ def _one_torch_thread():
 def _rules_tested_in_process():
     """The tests of fuseval's rules call their (trusted) test implementations in this
     process: a worker process per implementation would cost seconds each. The default,
-    isolated path (fuseval.isolation) is exercised by tests/test_hostile.py, which turns it
+    isolated path (fuseval.runner.isolation) is exercised by tests/test_hostile.py, which turns it
     back on, and by every test that runs the command in a subprocess."""
-    from fuseval import isolation
+    from fuseval.runner import isolation
     old = isolation.ISOLATE
     isolation.ISOLATE = False
     yield

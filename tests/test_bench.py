@@ -7,7 +7,8 @@ import time
 import pytest
 import torch
 
-from fuseval import bench, bench_render, operators
+from fuseval import bench, operators
+from fuseval.bench import render as bench_render
 from fuseval.cli import main as cli_main
 from fuseval.operators import load
 from fuseval.errors import EXIT_NO_DEVICE, EXIT_OK

@@ -569,7 +569,7 @@ def test_blindness_is_what_lets_a_wrong_kernel_pass():
 
 def test_blind_outputs_are_warned_about_in_the_table():
     import io
-    from fuseval.report import print_check_report
+    from fuseval.terminal import print_check_report
     report = check(_with_atol(OP_B, 0.05), "torch", config="seed", cases="0", device="cpu", hygiene=False,
                    predict=False)
     out = io.StringIO()
@@ -608,7 +608,7 @@ def test_timings_say_where_the_time_went():
 
 def test_the_table_ends_with_one_timing_line():
     import io
-    from fuseval.report import print_check_report
+    from fuseval.terminal import print_check_report
     out = io.StringIO()
     print_check_report(run(OP_B, "torch", cases="0"), out)
     last = out.getvalue().rstrip().splitlines()[-1]

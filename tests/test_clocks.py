@@ -1,4 +1,4 @@
-"""GPU clock sampling (fuseval.clocks) and its place in the benchmark report. The sampler
+"""GPU clock sampling (fuseval.bench.clocks) and its place in the benchmark report. The sampler
 is exercised with a stand-in for nvidia-smi, so these tests run on the CPU."""
 import datetime as dt
 import json
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from fuseval import bench_render, clocks
+from fuseval.bench import render as bench_render, clocks
 from test_bench import _report
 
 

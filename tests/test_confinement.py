@@ -115,7 +115,7 @@ def impl(*a):
     # a thread that keeps working after the answer, with the worker's integrity report faked
     "h_spinner": ('''
 import threading
-import fuseval.integrity as integrity
+import fuseval.runner.integrity as integrity
 integrity.new_threads = lambda before: []
 integrity.changed = lambda baseline: []
 def _spin():
@@ -310,7 +310,7 @@ def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch):
     (``stage.part``) included, whatever the order the implementation wrote them in; the
     budget of op B's fast path through the worker is within budget."""
     import torch
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     from fuseval.staged import staged_of
@@ -424,7 +424,7 @@ def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
     """Thousands of stage taps, and a tap of 2**33 elements that is one number strided 0:
     refused as bad_outputs before fuseval allocates anything for them."""
     import torch
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     (tmp_path / "h_taps.py").write_text(textwrap.dedent(COMMON) + textwrap.dedent('''

@@ -329,7 +329,7 @@ def test_check_table_header_names_the_config_as_given(capsys):
 def test_check_table_header_says_a_bare_json_config_keeps_the_full_size_cases():
     import io
     from fuseval.check import check
-    from fuseval.report import print_check_report
+    from fuseval.terminal import print_check_report
     tiny = {"hidden_size": 32, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8}
     report = check(OP_B, "torch", config=tiny, cases="0", hygiene=False, predict=False)
     assert report.cases[0].axes == {"seq_len": 128, "batch_size": 2}

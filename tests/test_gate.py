@@ -475,7 +475,7 @@ def test_worker_key_does_not_change_when_the_working_folder_is_put_on_the_path(m
     'module:function': the implementation's worker must stay the same (a second worker
     would import torch again mid-run)."""
     import sys
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.operators import load
     defn = load(OP)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", os.getcwd())])
@@ -538,7 +538,7 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
 def test_workers_of_several_operators_are_spawned_side_by_side():
     """prespawn starts one bare process per operator whose worker is not alive (none for a
     live one), and worker_for takes them instead of spawning its own."""
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.operators import load
     isolation.close_all()
     defns = [load(OP, "small"), load("qwen2vl_decoder_layer", "small")]
@@ -579,7 +579,7 @@ def test_pool_processes_get_a_gpu_each_when_there_is_one_for_each(monkeypatch):
 # --------------------------------------------------------------------------- warm-up (CUDA)
 def test_warmup_takes_every_case_shape_of_check_and_budget_once(tmp_path):
     from fuseval.gate import warmup
-    from fuseval.gate.inputs import context, settings
+    from fuseval.gate.context import context, settings
     s = settings(profile="ci", device="cpu", config=None, cases="0-3", seeds=1, mode="benchmark", warn_margin=None,
                  strict=False, budget_config=None, budget_cases="1,2", budget=None, out=None, progress=None,
                  isolate=False, timeout=None, components=["check", "budget"])

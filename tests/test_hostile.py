@@ -5,7 +5,7 @@ pytest plugin's gate items, and pass nothing through the budget.
 
 The hostile modules are written to a temporary folder and named as a user would
 (``module:function``). They are never imported into this test process: by default the
-implementation runs in a worker process of its own (fuseval.isolation), and that is what is
+implementation runs in a worker process of its own (fuseval.runner.isolation), and that is what is
 under test. (Importing one here would patch this very process.) The checks are also shown
 to be needed: the in-process runs in a subprocess, where the same tricks succeed.
 """
@@ -186,7 +186,7 @@ EXIT_OF = dict(VIOLATION_EXIT)
 @pytest.fixture(autouse=True)
 def _isolated_by_default(monkeypatch):
     """The product's default (the suite's conftest runs other tests in-process)."""
-    from fuseval import isolation
+    from fuseval.runner import isolation
     monkeypatch.setattr(isolation, "ISOLATE", True)
 
 
@@ -198,7 +198,7 @@ def hostile_dir(tmp_path_factory):
     sys.path.insert(0, str(folder))
     yield folder
     sys.path.remove(str(folder))
-    from fuseval import isolation
+    from fuseval.runner import isolation
     isolation.close_all()
 
 

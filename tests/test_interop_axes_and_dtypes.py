@@ -46,7 +46,7 @@ def test_check_binds_axes_given_by_expressions_of_constants(tmp_path, register, 
 
 
 def test_equations_with_one_unknown_are_solved_exactly():
-    from fuseval.axis_equations import solutions
+    from fuseval.definitions.axes import solutions
     assert solutions("a * b", 12, "a", {"b": 4}) == (3, 3)
     assert solutions("head_dim // 3", 42, "head_dim", {}) == (126, 128)
     assert solutions("(h + 2 * p - k) // s + 1", 8, "h", {"p": 1, "k": 3, "s": 2}) == (15, 16)

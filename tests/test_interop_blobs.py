@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fuseval.interop import blobs
-from fuseval.interop.inputs import draw_inputs
+from fuseval.interop.workload_inputs import draw_inputs
 from fuseval.interop.sol_problem import ProblemError, read_problem
 from problem_folders import tensor, workload, write_problem
 

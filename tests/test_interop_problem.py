@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import fuseval
-from fuseval.interop import inputs as problem_inputs
+from fuseval.interop import workload_inputs as problem_inputs
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, TOLERANCE_DEFAULTS, ProblemError, read_problem
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")

@@ -1,4 +1,4 @@
-"""How much of its tolerance a problem's own reference uses (fuseval.interop.report), the
+"""How much of its tolerance a problem's own reference uses (fuseval.interop.tolerance_use), the
 ``import`` and ``crosscheck`` commands, and the crosscheck of a built-in operator against
 a problem folder (tests/data/sol_problems, written for these tests)."""
 import argparse
@@ -11,7 +11,7 @@ import torch
 from fuseval.commands import crosscheck as crosscheck_command
 from fuseval.commands import import_problem
 from fuseval.interop.crosscheck import ORACLE_RTOL, crosscheck
-from fuseval.interop.report import select_workloads, tolerance_use
+from fuseval.interop.tolerance_use import select_workloads, tolerance_use
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, read_problem
 
 DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")

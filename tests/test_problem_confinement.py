@@ -276,7 +276,7 @@ def test_routing_follows_isolation(cwd, monkeypatch):
     problem's worker and leaves as the problem's error."""
     import torch
 
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.interop.problem_code import ProblemCodeError, run_reference
     from fuseval.interop.sol_problem import read_problem
     folder = _folder(cwd / "problems", "p_write", HOSTILE["p_write"][0])
@@ -320,7 +320,7 @@ def test_cpu_outputs_of_a_gpu_reference_come_back_on_the_cpu(cwd):
     on the CPU): its GPU worker moves it for the journey and fuseval gets it on the CPU."""
     import torch
 
-    from fuseval import isolation
+    from fuseval.runner import isolation
     from fuseval.interop.problem_code import run_reference
     from fuseval.interop.sol_problem import read_problem
     body = '''

@@ -11,7 +11,7 @@ export PYTHONPATH=$PWD/src:/tmp/site PYTHONUNBUFFERED=1
 log="$OUT/confinement-log.txt"
 {
   uname -r; ldconfig -p | grep -c seccomp
-  python3 -c "from fuseval.isolation import confinement; print('probe:', confinement().describe())"
+  python3 -c "from fuseval.runner.isolation import confinement; print('probe:', confinement().describe())"
 } 2>&1 | tee "$log"
 
 # hostile implementations on CUDA (written to a folder of their own)

@@ -1,7 +1,7 @@
 """Where op B's W4A4 call spends its GPU time, per token count: the activation quantizer
 (``act_quant``, two launches), the weights' predecode (``predecode_weights``), the W4A16
 forward on predecoded weights (predecode + GEMM) and the whole W4A4 forward, each captured
-into a CUDA graph and the replays timed (``fuseval.bench_parts.time_graph_replay``: CUDA events, L2
+into a CUDA graph and the replays timed (``fuseval.bench.parts.time_graph_replay``: CUDA events, L2
 flushed, median), so host launch work is left out. GEMM ~ w4a16 - predecode.
 
     PYTHONPATH=src python3 benchmarks/probes/nvfp4_breakdown.py [--tokens 256,2048,8192] [--json OUT]
@@ -13,7 +13,7 @@ import json
 
 import torch
 
-from fuseval.bench_parts import time_graph_replay
+from fuseval.bench.parts import time_graph_replay
 from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import fast

@@ -14,7 +14,7 @@ import traceback
 
 import torch
 
-from fuseval import isolation
+from fuseval.runner import isolation
 from fuseval.operators import load
 from fuseval.inputs import generate_inputs
 from fuseval.operators.nvfp4_qkv_rope import fast

@@ -15,7 +15,7 @@ Public API::
     fuseval.stats.check_over_seeds(...), fuseval.baseline.collect(...)     # verdicts, baselines
 
 Everything is imported on first use, so ``import fuseval`` stays quick and imports neither
-torch nor Triton: a worker process (:mod:`fuseval.worker_process`) must confine itself
+torch nor Triton: a worker process (:mod:`fuseval.runner.in_worker`) must confine itself
 before torch starts its first thread.
 """
 from __future__ import annotations

@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .errors import EXIT_BAD_FILE, FusevalError, TimingRefused
 from .jsonio import jsonable, number
-from .report import fmt_number
+from .terminal import fmt_number
 
 __all__ = ["SCHEMA_VERSION", "collect", "save", "load", "validate", "compare", "Comparison", "Finding",
            "DEFAULT_FACTOR", "DEFAULT_K", "DEFAULT_SLOWDOWN"]
@@ -119,7 +119,7 @@ class _Subject:
 
 def _subject(operator, impl: str | Callable, device, isolate: bool | None) -> _Subject:
     from .budget import staged_of
-    from .isolation import default_isolate, isolates, worker_for
+    from .runner.isolation import default_isolate, isolates, worker_for
     defn = operator.definition
     if isolates(impl, default_isolate(isolate)):
         worker = worker_for(impl, defn, str(device))   # ImplementationError early, before any work
@@ -160,7 +160,7 @@ def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, 
     implementation's worker, over rotating inputs, judged by :func:`fuseval.runner.timing.time_impl`
     (a refused timing is an error: a baseline never records a time that was not earned)."""
     from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS
-    from .isolation import worker_for
+    from .runner.isolation import worker_for
     from .ops import impl_label
     from .runner.timing import time_impl
     operator, defn = subject.operator, subject.operator.definition
@@ -207,7 +207,7 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     from .bench import timer_rules
     from .check import check, resolve_device
     from .ops import get, impl_label
-    from .report import case_verdict
+    from .terminal import case_verdict
     from .stats import seed_values
 
     seeds = seed_values(seeds)
@@ -259,7 +259,7 @@ def _header(defn, impl: str, dev, mode: str, seeds: list[int], sources: list[str
     """What a baseline was measured with: tool versions, operator, implementation, device."""
     import torch
     from ._version import __version__
-    from .report import utc_timestamp
+    from .terminal import utc_timestamp
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "fuseval baseline",
@@ -488,7 +488,7 @@ class Comparison:
 
     def print_table(self, stream=None, limit: int = 40) -> None:
         from rich.table import Table
-        from .report import console
+        from .terminal import console
         out = console(stream)
         rows = self._table_rows(limit)
         if rows:

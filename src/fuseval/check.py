@@ -45,7 +45,7 @@ from .definitions import Case, Definition, Tolerance
 from .errors import VIOLATION_EXIT, NoDeviceError, UsageError
 from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
                       poison_allocator, same_outputs)
-from .in_process import Local, as_tuple, sync
+from .runner.in_process import Local, as_tuple, sync
 from .inputs import generate_inputs
 from .oracles import oracle_note, reference_refusal, side_oracles
 from .validate import bind_axes, check_outputs_shape, expected_outputs
@@ -156,7 +156,7 @@ def run_case(defn: Definition, impl: Any, case: Case, *, seed: int, device: torc
     """Check ``impl`` on one case: fresh inputs, oracle, tolerance and hygiene rules.
 
     ``impl``: a callable (called here, in this process: trusted), a :class:`Local`, or a
-    :class:`fuseval.isolation.Worker` (the implementation in its own process).
+    :class:`fuseval.runner.isolation.Worker` (the implementation in its own process).
     ``reference``: what the outputs are compared with (default: the float64 oracle);
     ``rules``: "fuseval" or "sol" (see ``RULES``); ``predictor``: when given (the
     benchmark's ``sol_reference``), the benchmark's verdict is predicted beside.
@@ -436,7 +436,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
     has a ``sol_reference`` and the check is not that prediction already.
     ``isolate`` (default, None: ``isolation.ISOLATE``, True): the implementation runs in a worker process of its own
-    (:mod:`fuseval.isolation`) and is never imported here; False runs it in this process,
+    (:mod:`fuseval.runner.isolation`) and is never imported here; False runs it in this process,
     trusting it. A Python callable that cannot be sent to a worker (defined in
     ``__main__``, a lambda) runs in this process with an :class:`IsolationWarning`.
     ``timeout``: seconds each case may spend in the implementation (default
@@ -580,7 +580,7 @@ def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout:
     """(what calls the implementation, whether it is isolated, the timeout in force): a
     worker of its own, or (``isolate`` False, or a callable a worker cannot import, with an
     IsolationWarning) this process."""
-    from . import integrity, isolation
+    from .runner import integrity, isolation
     isolate = isolation.default_isolate(isolate)
     if isolate:
         ok, why = isolation.can_isolate(impl)

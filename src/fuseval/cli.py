@@ -93,7 +93,7 @@ def seal_import_path() -> None:
     """fuseval's process imports nothing from the working folder: ``python -m`` put it
     first on the search path, where a module of the same name as one fuseval imports later
     would be taken instead. (An implementation named 'module:function' is imported by its
-    worker, whose path has the folder; see fuseval.worker_process.)"""
+    worker, whose path has the folder; see fuseval.runner.in_worker.)"""
     cwd = os.path.realpath(os.getcwd())
     sys.path[:] = [p for p in sys.path if p and os.path.realpath(p) != cwd]
 

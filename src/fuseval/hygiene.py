@@ -1,7 +1,7 @@
 """The hygiene rules of a check: what an implementation may not do besides computing wrong numbers.
 
 * ``mutated_input``: an input written by a call, any call of the case (the worker's runner
-  sees it from fuseval's side, :mod:`fuseval.isolation`; in fuseval's own process a
+  sees it from fuseval's side, :mod:`fuseval.runner.isolation`; in fuseval's own process a
   bitwise ``fingerprint`` before and after each call);
 * ``aliased_output``: an output sharing memory with an input (``overlaps``);
 * ``cached_result``: later calls, each with one group of inputs drawn anew

@@ -100,7 +100,7 @@ def dtype_rule(dtype: str, shape: tuple[int, ...], g: torch.Generator) -> torch.
     fp4 ``randn`` rounded onto the e2m1 grid and packed in pairs (uint8, fuseval's storage;
     ``shape`` is the packed one). None for the other float dtypes, which name rules draw.
     Shared by the built-in generic rules and the problem folders' inputs
-    (:mod:`fuseval.interop.inputs`)."""
+    (:mod:`fuseval.interop.workload_inputs`)."""
     if dtype == "bool":
         return torch.randint(0, 2, shape, generator=g, device=g.device).bool()
     if dtype in INTEGER_RANGES:

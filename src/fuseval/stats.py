@@ -80,7 +80,7 @@ class MetricStats:
     verdict: str                   # pass | warn | fail | info
 
     def describe(self) -> str:
-        from .report import fmt_number
+        from .terminal import fmt_number
         if self.metric == "matched_ratio":
             fmt = lambda x: fmt_number(100 * x, 5, "g") + "%"
         else:
@@ -219,7 +219,7 @@ class StatsReport:
             text += "; rules broken: " + ", ".join(f"{m.output} {m.metric}" for m in broken[:4])
         elif judged:
             tight = min(judged, key=lambda m: m.margin_fraction)
-            from .report import fmt_number
+            from .terminal import fmt_number
             text += (f"; tightest: {tight.output} {tight.metric} with "
                      f"{fmt_number(100 * tight.margin_fraction, 2, 'g')}% of its allowance left")
         if self.warnings():

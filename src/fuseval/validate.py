@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 
-from .axis_equations import AxisUndetermined, Equation, names_in, solve
+from .definitions.axes import AxisUndetermined, Equation, names_in, solve
 from .definitions import Definition, evaluate_expression
 from .inputs import TORCH_DTYPES
 
@@ -137,7 +137,7 @@ def _bind_expressions(defn: Definition, bound: dict[str, int], pending: list[tup
 
     Each expression axis takes the value most of its inputs show (so the error names the odd
     input out, not its neighbours: e.g. qkv_dim seen by q_proj_weight, q_proj_bias and
-    o_proj_weight); each observation is an equation (:mod:`fuseval.axis_equations`), solved
+    o_proj_weight); each observation is an equation (:mod:`fuseval.definitions.axes`), solved
     with the definition's const values and the ``known`` var axes where the shapes leave an
     axis open."""
     exprs = {a.name: a.expression for a in defn.axes.values() if a.kind == "expr"}

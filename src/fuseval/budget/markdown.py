@@ -5,7 +5,7 @@ import math
 from typing import Any
 
 from ..jsonio import number
-from ..report import fmt_number
+from ..terminal import fmt_number
 
 __all__ = ["render_markdown"]
 

@@ -41,7 +41,7 @@ from .. import ops as _ops
 from ..check import poison_allocator, resolve_device
 from ..definitions import Definition
 from ..inputs import TORCH_DTYPES, generate_inputs
-from ..isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
+from ..runner.isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
 from .budgetfile import Allowance, Budget, load_budget
 from ..precision import finer, round_to
 from ..staged import as_tuple, has_params, reference_of, run_until, staged_of
@@ -58,7 +58,7 @@ def _sync(device: torch.device) -> None:
 
 
 def _error_text(exc: BaseException) -> str:
-    from ..isolation import IsolationViolation, describe_exception
+    from ..runner.isolation import IsolationViolation, describe_exception
     if isinstance(exc, IsolationViolation):
         return str(exc)
     line, where = describe_exception(exc)
@@ -197,7 +197,7 @@ class _CaseRunner:
         inputs (a result cached on part of the inputs would otherwise be measured as exact).
         Returns True when one of them did not."""
         from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
-        from ..in_process import Local
+        from ..runner.in_process import Local
         calls = partial_calls(self.defn, case, draw_hygiene_seed(), inputs, mode, self.device)
         violations: list[str] = []
         found: list[str] = []
@@ -402,7 +402,7 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     same tensors as ``fuseval check`` draws for the same seed and case).
 
     ``isolate`` (default): the implementation runs in a worker process of its own
-    (:mod:`fuseval.isolation`; its stage taps come back through shared memory), each call
+    (:mod:`fuseval.runner.isolation`; its stage taps come back through shared memory), each call
     within ``timeout`` seconds; a call that ends without outputs (timeout, exit, crash,
     tampering) makes the case fail as raised, with the violation in its messages.
 

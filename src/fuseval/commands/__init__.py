@@ -62,7 +62,7 @@ def add_common_arguments(p, *, impl_default: str | None = None, config_default: 
 
 
 def add_isolation_arguments(p) -> None:
-    from ..isolation import DEFAULT_TIMEOUT
+    from ..runner.isolation import DEFAULT_TIMEOUT
     p.add_argument("--timeout", type=parse_timeout, default=None, metavar="SECONDS",
                    help=f"seconds each case may spend in the implementation, all its calls together "
                         f"(default: {DEFAULT_TIMEOUT:g}; 0: none); past it the case is 'timeout'")

@@ -39,7 +39,7 @@ def run(args) -> int:
     from ..check import ReplayFileError, check, reference_refusal, validate_against
     from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, exit_code_for
     from ..jsonio import dumps
-    from ..report import case_progress, print_check_report
+    from ..terminal import case_progress, print_check_report
     from . import operator_definition, writable_file
 
     defn = operator_definition(args.op, args.config, args.cases)

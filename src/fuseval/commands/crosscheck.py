@@ -28,7 +28,7 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..errors import EXIT_CHECK_FAILED
     from ..interop.crosscheck import ORACLE_RTOL, crosscheck
-    from ..report import fmt_number
+    from ..terminal import fmt_number
 
     writable_file(args.json, "--json")
 

@@ -28,7 +28,7 @@ def run(args) -> int:
     from ..check import check
     from ..errors import EXIT_USAGE, FusevalError
     from ..jsonio import dumps
-    from ..report import print_check_report
+    from ..terminal import print_check_report
 
     defn = operator_definition(args.op, args.config)
     if args.case >= len(defn.seed_cases):

@@ -39,7 +39,7 @@ def add_arguments(p) -> None:
 
 
 def _rule(t) -> str:
-    from ..report import fmt_number
+    from ..terminal import fmt_number
     rule = (f"|out-ref| <= {fmt_number(t['atol'], 3, 'g')} + {fmt_number(t['rtol'], 3, 'g')}*|ref|, "
             f"matched >= {t['min_matched_ratio']:.2%}")
     return rule + (f", max abs <= {fmt_number(t['max_abs_error'], 3, 'g')}" if t["max_abs_error"] is not None else "")
@@ -69,7 +69,7 @@ def run(args) -> int:
     from .. import operators
     from ..errors import EXIT_CHECK_FAILED
     from ..interop import sol_problem
-    from ..interop.report import select_workloads, tolerance_use
+    from ..interop.tolerance_use import select_workloads, tolerance_use
 
     writable_file(args.json, "--json")
     writable_file(args.markdown, "--markdown")

@@ -136,7 +136,7 @@ def _run(cmd: list[str], log: str, deadline: float, memory_gb: float | None, env
 
 def _smallest_cases(folder: str, n: int) -> tuple[str, str, str]:
     """(name, subset, the case indices of the ``n`` smallest supported workloads)."""
-    from ..interop.report import select_workloads
+    from ..interop.tolerance_use import select_workloads
     from ..interop.sol_problem import read_problem
     problem = read_problem(folder)
     chosen = {w.line for w in select_workloads(problem, smallest=n)}

@@ -38,7 +38,7 @@ Hygiene checks (which call the implementation more than once) run on the first s
 from __future__ import annotations
 
 from .components import RUNNERS
-from .inputs import COMPONENTS, PROFILES, GateContext, Profile, device_name, resolve_ops
+from .context import COMPONENTS, PROFILES, GateContext, Profile, device_name, resolve_ops
 from .results import ComponentResult, GateReport, TestResult, not_run
 from .runner import run_component, run_gate, stderr_progress, utc_timestamp
 

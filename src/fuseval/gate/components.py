@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_INTERNAL, EXIT_NO_FLOAT64_ORACLE, EXIT_OK,
                       EXIT_OUT_OF_MEMORY, FusevalError, exit_code_for, is_out_of_memory)
-from .inputs import GateContext
+from .context import GateContext
 from .results import ComponentResult, TestResult, not_run
 
 
@@ -67,7 +67,7 @@ def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
     """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS:
     with ``in_benchmark``, those where the benchmark's own reference shows the same (the
     problem's tolerance is blind on its own outputs: reported, not failed), else the rest."""
-    from ..report import fmt_number
+    from ..terminal import fmt_number
     seen: dict[tuple[int, str], list[int]] = {}
     records = {}
     for b in stats.blind:
@@ -85,7 +85,7 @@ def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
 
 
 def check_component(ctx: GateContext) -> ComponentResult:
-    from ..report import case_verdict
+    from ..terminal import case_verdict
     from ..stats import check_over_seeds
 
     def progress(seed, result, done, total):
@@ -153,7 +153,7 @@ class _Labelled:
 def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
     """What a component that calls the implementation like a function gets: a proxy to its
     worker process (isolated), or the implementation itself."""
-    from ..isolation import IsolatedImpl, isolates
+    from ..runner.isolation import IsolatedImpl, isolates
     if not isolates(ctx.impl, ctx.isolate):
         return ctx.impl
     from ..ops import get
@@ -197,7 +197,7 @@ def properties_component(ctx: GateContext) -> ComponentResult:
 def _budget_findings(report: Any, limit: int = 12) -> list[str]:
     """One line per case over budget: where, which allowance, value against limit."""
     from ..definitions import axes_label
-    from ..report import fmt_number
+    from ..terminal import fmt_number
     lines: list[str] = []
     for c in report.cases:
         if c.passed:

@@ -37,7 +37,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
-from .inputs import GateContext
+from .context import GateContext
 from .results import ComponentResult
 
 __all__ = ["by_operator", "default_jobs", "gpu_assignment", "run_operators", "run_units"]
@@ -117,7 +117,7 @@ def _run_unit(options: dict, op: str, component: str) -> bytes:
     """One component of one operator, in a pool process (its context built once per
     operator); its ComponentResult pickled, once (the report object it carries left out
     when it does not pickle: its data comes back all the same)."""
-    from .inputs import context, settings
+    from .context import context, settings
     from .components import run_guarded
     ctx = _contexts.get(op)
     if ctx is None:

@@ -11,7 +11,7 @@ if TYPE_CHECKING:        # annotations only: the report objects call these rende
     from .results import ComponentResult, GateReport
 
 def _num(x: float, digits: int = 3) -> str:
-    from ..report import fmt_number
+    from ..terminal import fmt_number
     return fmt_number(x, digits - 1, "g")
 
 
@@ -188,7 +188,7 @@ def print_summary(report: GateReport, stream: TextIO | None = None, max_findings
     from rich.markup import escape
     from rich.table import Table
     from ..errors import EXIT_INTERNAL
-    from ..report import console
+    from ..terminal import console
     out = console(stream)
     plain = dict(markup=False, highlight=False)
     table = Table(title=f"fuseval gate: impl={report.impl} profile={report.profile} device={report.device}",

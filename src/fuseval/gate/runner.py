@@ -9,9 +9,9 @@ from typing import Any, Callable, Iterable, Sequence, TextIO
 from ..errors import ImplementationError, UsageError
 from . import components as _components
 from .components import run_guarded
-from .inputs import COMPONENTS, GateContext, Profile, context, resolve_ops, settings
+from .context import COMPONENTS, GateContext, Profile, context, resolve_ops, settings
 from .results import ComponentResult, GateReport, not_run
-from ..report import utc_timestamp
+from ..terminal import utc_timestamp
 
 
 def stderr_progress(stream: TextIO | None = None) -> Callable[[str], None]:
@@ -56,7 +56,7 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
 def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     """The implementation's worker processes of every operator spawned side by side before
     the contexts start them one by one (each imports torch meanwhile)."""
-    from .. import isolation
+    from ..runner import isolation
     from ..operators import load
     if len(names) < 2 or not isolation.isolates(impl, s.isolate):
         return
@@ -76,7 +76,7 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
     """Every component of the plan, in the plan's order: serially, or ``jobs`` at a time
     (:mod:`fuseval.gate.parallel`: a thread per operator, or a pool of processes)."""
     from . import parallel
-    from ..isolation import isolates
+    from ..runner.isolation import isolates
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
     isolated = isolates(options["impl"], s.isolate)
@@ -143,7 +143,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     folder for junit.xml, gate.json, gate.md and the components' reports.
     ``progress(message)``: called as work proceeds (the CLI prints these on stderr).
     ``isolate`` (default): the implementation runs in a worker process of its own in every
-    component (:mod:`fuseval.isolation`), each case within ``timeout`` seconds; False
+    component (:mod:`fuseval.runner.isolation`), each case within ``timeout`` seconds; False
     trusts it and runs it in this process. ``jobs``: components run side by side, ``jobs``
     at a time (:mod:`fuseval.gate.parallel`; "auto": one per CPU core, at most 4, on the
     CPU, one per GPU on a machine with several, one per operator on one GPU when isolated,
@@ -175,7 +175,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
         budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
     warm = None
     if warmup:
-        from ..isolation import isolates
+        from ..runner.isolation import isolates
         from . import warmup as _warmup
         warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
                              isolated=isolates(impl, s.isolate), progress=s.progress, components=chosen)

@@ -28,7 +28,7 @@ from ..check import compare, resolve_device
 from ..operators import load
 from ..errors import UsageError
 from ..inputs import generate_inputs
-from . import inputs as problem_inputs
+from . import workload_inputs as problem_inputs
 from . import lift
 from .problem_code import run_reference
 from .sol_problem import read_problem

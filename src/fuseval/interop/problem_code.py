@@ -12,9 +12,9 @@ functions here:
 * :func:`custom_inputs`: the problem's custom input entry point.
 
 **Where it runs.** A problem folder is code from elsewhere, so it gets what an
-implementation under test gets: when fuseval isolates (:data:`fuseval.isolation.ISOLATE`:
+implementation under test gets: when fuseval isolates (:data:`fuseval.runner.isolation.ISOLATE`:
 always in the CLI, ``--in-process`` included, which trusts the implementation, not the
-problem), each function above sends its request to a confined worker of the problem's own (:mod:`fuseval.isolation`: its own
+problem), each function above sends its request to a confined worker of the problem's own (:mod:`fuseval.runner.isolation`: its own
 session, no capabilities, seccomp, Landlock, standard output and error captured), which
 runs the code there and hands back tensors and a small JSON note (the lift report, the
 custom inputs' names, the mode's summary, or the error). What the worker breaks (a child
@@ -67,7 +67,7 @@ class ProblemCodeError(ProblemError):
 
 class ProblemCodeViolation(ProblemError):
     """The problem's code broke a rule of its confined worker (``violation``: the name
-    :mod:`fuseval.isolation` gives it: ``child_process``, ``timeout``, ``crashed``...)."""
+    :mod:`fuseval.runner.isolation` gives it: ``child_process``, ``timeout``, ``crashed``...)."""
 
     def __init__(self, problem: Problem, violation: str, message: str):
         super().__init__(f"problem {problem.name!r}: its code ran confined and broke a rule: {violation}: {message}",
@@ -196,9 +196,9 @@ def custom_inputs(problem: Problem, axes_and_scalars: Mapping[str, Any], device,
 
 def runs_here() -> bool:
     """Whether a problem's code runs in this process: inside a worker, or when a Python
-    caller turned isolation off (:data:`fuseval.isolation.ISOLATE`)."""
-    from .. import isolation, worker_process
-    return worker_process.IN_WORKER or not isolation.ISOLATE
+    caller turned isolation off (:data:`fuseval.runner.isolation.ISOLATE`)."""
+    from ..runner import in_worker, isolation
+    return in_worker.IN_WORKER or not isolation.ISOLATE
 
 
 # --------------------------------------------------------------------------- confined
@@ -274,9 +274,9 @@ def _request_tensor(request: Mapping[str, Any]):
 def serve(request, *tensors):
     """The worker's side (the function a problem's worker serves): run one request and
     return its tensors; what it says besides goes in the reply's note
-    (:func:`fuseval.worker_process.note`). Errors of the problem's code travel in the
+    (:func:`fuseval.runner.in_worker.note`). Errors of the problem's code travel in the
     note; running out of memory raises, for the worker to report as such."""
-    from ..worker_process import note
+    from ..runner.in_worker import note
     req = json.loads(bytes(request.numpy()).decode())
     try:
         problem = read_problem(req["directory"])
@@ -313,7 +313,7 @@ def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: st
 
     import torch
 
-    from .. import isolation
+    from ..runner import isolation
     if device is None:
         # a GPU worker when any input is on a GPU (a problem may keep small inputs on the CPU)
         device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"),

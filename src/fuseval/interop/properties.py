@@ -44,8 +44,8 @@ import math
 from typing import Any, Callable
 
 from ..properties.hooks import PropertyHooks, VarSpace
-from . import inputs as problem_inputs
-from .report import workload_size
+from . import workload_inputs as problem_inputs
+from .tolerance_use import workload_size
 from .problem_code import ProblemCodeError
 from .sol_problem import Problem
 

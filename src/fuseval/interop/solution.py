@@ -187,7 +187,7 @@ def _axes(problem: Problem, args) -> dict[str, int]:
 
 def _allocate(problem: Problem, args, device) -> list[torch.Tensor]:
     from ..definitions import evaluate_expression
-    from .inputs import TORCH_DTYPES
+    from .workload_inputs import TORCH_DTYPES
     bound = _axes(problem, args)
     outs = []
     for spec in problem.outputs.values():
@@ -204,7 +204,7 @@ def _allocate(problem: Problem, args, device) -> list[torch.Tensor]:
 
 def load_solution(path: str, problem: Problem) -> Callable:
     """The implementation of the solution file ``path`` for ``problem`` (module docstring)."""
-    from .inputs import to_benchmark
+    from .workload_inputs import to_benchmark
     if not os.path.isfile(path):
         raise ImplementationError(f"solution {path!r}: not a file")
     doc = _read(path, problem)

@@ -5,7 +5,7 @@ the loop times with are bound here at import (CUDA events' ``record`` and
 ``elapsed_time``, ``torch.cuda.synchronize``, ``time.perf_counter``): an implementation
 that rebinds ``torch.cuda.Event.elapsed_time`` or ``time.perf_counter`` later changes
 its own view of them, not this loop's, and the rebinding is reported (the names are in
-:data:`fuseval.integrity.WATCHED`). fuseval's process judges the numbers this loop
+:data:`fuseval.runner.integrity.WATCHED`). fuseval's process judges the numbers this loop
 returns (:mod:`fuseval.runner.timing`); nothing here decides a verdict.
 
 One timed run of an implementation on one case:

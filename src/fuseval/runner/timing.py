@@ -26,8 +26,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+
 __all__ = ["TimedRun", "time_impl", "judge", "ROTATION_SETS", "CHECKED_CALLS", "WATCHED_CALLS", "FLOOR_MARGIN",
-           "REFUSALS", "rotation_sets", "activation_index"]
+           "REFUSALS", "rotation_sets", "activation_index", "Timing"]
 
 ROTATION_SETS = 3          # input sets the calls cycle over (distinct weights and addresses)
 CHECKED_CALLS = 3          # timed calls whose outputs are checked against the oracle
@@ -36,6 +37,22 @@ FLOOR_MARGIN = 0.03        # a median this far below the floor is impossible, no
 UNEVEN_FACTOR = 1.5        # mean of the calls (the slowest 2% left out) over their median that
                            # means work batched into some of the calls
 UNWATCHED_SLACK_MS = 0.02  # what the device's synchronisation may add to a watched call
+
+@dataclass
+class Timing:
+    """Latency of one implementation on one case, in milliseconds."""
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    min_ms: float
+    reps: int
+
+    @classmethod
+    def from_samples(cls, samples: Sequence[float]) -> "Timing":
+        s = sorted(samples)
+        q = lambda f: s[min(len(s) - 1, int(round(f * (len(s) - 1))))]
+        return cls(statistics.median(s), q(0.2), q(0.8), s[0], len(s))
+
 
 REFUSALS = {
     "replayed_output": "a timed call answered with outputs that are not the operator's on its inputs (a cache, "
@@ -182,7 +199,6 @@ def judge(raw: Mapping[str, Any], floor_ms: float | None, *, host_clock: bool = 
     """The rules of the module docstring on a timed run's numbers. ``host_clock``: the
     readings are the host's (CPU timer), where a call preempted by another process reads
     long: the spread rule does not apply."""
-    from ..ceilings import Timing
     times = [float(t) for t in raw.get("times_ms") or []]
     if not times or any(not (t >= 0.0) for t in times):
         return TimedRun(None, [("timer", "the timed run returned no readings, or negative ones")])

@@ -1,6 +1,6 @@
 """The parent side of a worker: fuseval's process starting, calling and verifying one
-confined worker process (:mod:`fuseval.isolation` says what is verified and why; the
-worker's own side is :mod:`fuseval.worker_process`)."""
+confined worker process (:mod:`fuseval.runner.isolation` says what is verified and why; the
+worker's own side is :mod:`fuseval.runner.in_worker`)."""
 from __future__ import annotations
 
 import contextlib
@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ..worker_process import child_main
+from .in_worker import child_main
 from .answers import MAX_TAPS, Opaque, output_spec, size_limit, tap_specs
 from . import confine, procs, transport
 

@@ -12,7 +12,7 @@ spawned to run an implementation imports the same module by name. It holds:
 * ``sol_reference(*inputs)``: the reference as written (what the benchmark compares
   against; ``torch._scaled_mm`` emulated only where the machine cannot run it);
 * ``benchmark_inputs(defn, axes, seed, device=)``: the input hook (the workload's own
-  descriptors, :mod:`fuseval.interop.inputs`);
+  descriptors, :mod:`fuseval.interop.workload_inputs`);
 * ``solution_<i>``: the implementations of the folder's ``solution*.json`` files;
 * ``PROBLEM`` and ``DEFINITION_TEXT`` (the definition in fuseval's format);
 * ``PROPERTY_HOOKS``: its :class:`~fuseval.properties.PropertyHooks`
@@ -122,7 +122,7 @@ def _outputs_to_fuseval(outputs) -> tuple:
 
 
 def _populate(module: types.ModuleType, problem: Problem) -> None:
-    from .. import inputs as problem_inputs
+    from .. import workload_inputs as problem_inputs
     from .. import problem_code, solution
 
     solutions = solution.find_solutions(problem.directory)
@@ -153,7 +153,7 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
         return _outputs_to_fuseval(result.lifted), said
 
     def benchmark_inputs(defn, axes, seed, device="cpu"):
-        """The workload's inputs as its descriptors say (fuseval.interop.inputs)."""
+        """The workload's inputs as its descriptors say (fuseval.interop.workload_inputs)."""
         workload = problem.workload_for({a: axes[a] for a in problem.var_axes})
         values = problem_inputs.draw_inputs(problem, workload, seed, device)
         return problem_inputs.to_fuseval(problem, values)

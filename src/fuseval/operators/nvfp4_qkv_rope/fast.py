@@ -83,11 +83,11 @@ def options() -> dict:
 
 def parts(*inputs, config=None, quant_config: QuantConfig | None = None) -> dict:
     """The production W4A4 call on ``inputs`` as its two pieces of GPU work, for the bench
-    (``fuseval.bench_parts.Part``: each timed apart, against its own floor): ``act_quant`` (the
+    (``fuseval.bench.parts.Part``: each timed apart, against its own floor): ``act_quant`` (the
     quantizer's two launches, the weights' predecode riding in the first) and ``gemm`` (the
     fused GEMM with its norm/RoPE epilogue, on that quantizer's xs and decoded weights).
     Both run the production launch code with the tables in force."""
-    from ...bench_parts import Part
+    from ...bench.parts import Part
     from . import reference
     quant_config = quant_config or DEFAULT_QUANT_CONFIG
     table = as_table(config)

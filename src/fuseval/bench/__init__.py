@@ -20,7 +20,7 @@ What one run measures, for each benchmark case of an operator:
   against the float64 oracle, through :func:`fuseval.check.run_case`: fresh random inputs
   (the seed is drawn at random unless given, and recorded), the device allocator poisoned
   with NaN before the call, the definition's tolerance rule;
-* the **SM clock and power** while the ceilings and each timing ran (``fuseval.clocks``,
+* the **SM clock and power** while the ceilings and each timing ran (``fuseval.bench.clocks``,
   sampled by nvidia-smi in a separate process): long tensor-core loads meet the GPU's
   power cap and run at a lower clock than the short ceiling measurements, which the
   fraction of the floor alone does not show;
@@ -39,9 +39,9 @@ every entry of the definition's ``implementations`` table except the oracles
 (``reference*``); the spec's ``bench_fast`` is the one the others are compared with; the
 floor comes from its ``cost()`` model.
 
-:func:`time_call` (:mod:`fuseval.ceilings`) times fuseval's own work (the ceilings, the fast
+:func:`time_call` (:mod:`fuseval.bench.ceilings`) times fuseval's own work (the ceilings, the fast
 path's parts).
-Rendering of a report is :mod:`fuseval.bench_render`.
+Rendering of a report is :mod:`fuseval.bench.render`.
 
 Everything that touches the GPU is skipped (``BenchSkipped``) when there is none.
 """
@@ -53,16 +53,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from . import operators
-from . import ops as _ops
-from .bench_render import plot_report, print_bench_report, write_outputs
-from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
-                       _require_cuda, measure_ceilings, measure_sustained, square_matmul, sustained_rate, time_call,
-                       timer_rules, floor_seconds)
-from .definitions import Definition
-from .runner.clock import L2_FLUSH_BYTES  # noqa: F401 - fuseval.bench.L2_FLUSH_BYTES, as before
-from .report import fmt_number
-from .runner.timing import CHECKED_CALLS, FLOOR_MARGIN, ROTATION_SETS, WATCHED_CALLS, time_impl
+from .. import operators
+from .. import ops as _ops
+from .render import plot_report, print_bench_report, write_outputs
+from .ceilings import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing, _require_cuda, measure_ceilings, measure_sustained, square_matmul, sustained_rate, time_call, timer_rules, floor_seconds
+from ..definitions import Definition
+from ..runner.clock import L2_FLUSH_BYTES  # noqa: F401 - fuseval.bench.L2_FLUSH_BYTES, as before
+from ..terminal import fmt_number
+from ..runner.timing import CHECKED_CALLS, FLOOR_MARGIN, ROTATION_SETS, WATCHED_CALLS, time_impl
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
            "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
@@ -79,7 +77,7 @@ class BenchSpec:
     impls: list[str]
     fast: str | None
     cost_model: Callable[[Mapping[str, int]], Mapping[str, Any]] | None
-    parts: Callable[..., Mapping[str, Any]] | None = None      # the fast path's parts (bench_parts)
+    parts: Callable[..., Mapping[str, Any]] | None = None      # the fast path's parts (fuseval.bench.parts)
 
     @property
     def baselines(self) -> list[str]:
@@ -113,7 +111,7 @@ class CaseBench:
     floors_at_ms: dict[str, float] = field(default_factory=dict)  # the cost model's "floors_also_at" dtypes
     check: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> check summary
     clocks: dict[str, dict[str, Any] | None] = field(default_factory=dict)  # impl -> SM clock/power while timed
-    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (bench_parts)
+    parts: dict[str, dict[str, Any]] = field(default_factory=dict)  # the fast path's parts (fuseval.bench.parts)
     refused: dict[str, list[list[str]]] = field(default_factory=dict)  # impl -> [reason, message] of a refused timing
     timed: dict[str, dict[str, Any]] = field(default_factory=dict)  # impl -> what its timing was judged from
 
@@ -209,10 +207,10 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
               ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
               parts: bool = True, progress: Callable[[str], None] | None = None) -> BenchReport:
     """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
-    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.clocks``).
+    ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.bench.clocks``).
     ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
     for that many seconds, and give each case a sustained floor (0: not). ``parts``: also
-    time the fast path's parts apart (:mod:`fuseval.bench_parts`) where its operator declares them."""
+    time the fast path's parts apart (:mod:`fuseval.bench.parts`) where its operator declares them."""
     from .clocks import ClockMonitor, wall
     from .clocks import summarize as summarize_clocks
 
@@ -227,7 +225,7 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     if not parts or device.type != "cuda":
         spec.parts = None
     # every implementation runs (and is timed) in a worker of its own, never in this process
-    from .check import _runner
+    from ..check import _runner
     fns = {name: _runner(operator, name, device, None, None)[0] for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
     fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
@@ -290,11 +288,11 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                  warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
     """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
     ``intervals`` so that the clock samples can be matched to it afterwards."""
-    from .check import run_case
-    from .oracles import SOL_REFERENCE
+    from ..check import run_case
+    from ..oracles import SOL_REFERENCE
     from .clocks import wall
-    from .inputs import generate_inputs
-    from .ops import resolve_impl
+    from ..inputs import generate_inputs
+    from ..ops import resolve_impl
     # the benchmark's predicted verdict beside the oracle's, where the operator has its reference
     predictor = resolve_impl(defn, SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
     results: list[CaseBench] = []
@@ -339,7 +337,7 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                 cb.refused[name] = [[r, m] for r, m in run.refused]
                 cb.errors[name] = "timing refused: " + ", ".join(dict.fromkeys(r for r, _ in run.refused))
         if spec.parts is not None and cb.timings.get(spec.fast):
-            from .bench_parts import time_parts
+            from .parts import time_parts
             cb.parts = time_parts(spec.parts(*inputs), ceilings, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
                                   min_reps=min_reps, max_reps=max_reps, flush=flush)
         results.append(cb)

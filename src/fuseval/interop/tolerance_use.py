@@ -25,8 +25,8 @@ import torch
 
 from ..check import compare
 from ..definitions import Tolerance, axes_label
-from ..report import fmt_number
-from . import inputs as problem_inputs
+from ..terminal import fmt_number
+from . import workload_inputs as problem_inputs
 from . import lift
 from .sol_problem import Problem, Workload, fuseval_tolerance, read_problem
 

@@ -11,11 +11,11 @@ import os
 import statistics
 from typing import TYPE_CHECKING
 
-from .jsonio import dumps
-from .report import console, fmt_err, fmt_number
+from ..jsonio import dumps
+from ..terminal import console, fmt_err, fmt_number
 
 if TYPE_CHECKING:
-    from .bench import BenchReport
+    from . import BenchReport
 
 __all__ = ["print_bench_report", "summary_lines", "sustained_lines", "clock_lines", "fast_options_lines",
            "plot_report", "write_outputs"]

@@ -9,15 +9,15 @@ product keeps for seconds (at whatever clock the power cap leaves).
 """
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .runner.clock import L2_FLUSH_BYTES
-from .torch_flags import matmul_flags
+from ..runner.clock import L2_FLUSH_BYTES
+from ..runner.timing import Timing
+from ..torch_flags import matmul_flags
 
 __all__ = ["BenchSkipped", "Timing", "time_call", "timer_rules", "floor_seconds", "SustainedRate", "sustained_rate", "Ceilings",
            "square_matmul", "measure_ceilings", "measure_sustained", "WARMUP_MS", "REP_MS", "MIN_REPS", "MAX_REPS"]
@@ -38,22 +38,6 @@ def _require_cuda(device: torch.device) -> None:
 
 
 # --------------------------------------------------------------------------- timing
-@dataclass
-class Timing:
-    """Latency of one implementation on one case, in milliseconds."""
-    median_ms: float
-    p20_ms: float
-    p80_ms: float
-    min_ms: float
-    reps: int
-
-    @classmethod
-    def from_samples(cls, samples: Sequence[float]) -> "Timing":
-        s = sorted(samples)
-        q = lambda f: s[min(len(s) - 1, int(round(f * (len(s) - 1))))]
-        return cls(statistics.median(s), q(0.2), q(0.8), s[0], len(s))
-
-
 class _Flusher:
     """Writes a buffer larger than the L2 cache (H200: 60 MB) before each timed call."""
 
@@ -127,7 +111,7 @@ def time_call(fn: Callable[[], Any], *, device: torch.device | str = "cuda", war
 class SustainedRate:
     """FLOP/s of a call repeated back to back: over its first 100 ms (``burst``) and over
     the second half of the run (``steady``), with that half's wall-clock interval (for
-    ``fuseval.clocks``)."""
+    ``fuseval.bench.clocks``)."""
     steady_flops_per_s: float
     burst_flops_per_s: float
     calls: int

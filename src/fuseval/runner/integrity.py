@@ -4,7 +4,7 @@ A snapshot of the functions a verdict depends on (fuseval's comparison and hygie
 functions, torch's tensor arithmetic and comparisons, a few builtins) is taken before the
 implementation is imported; after every call the same names are looked up again, and any
 that resolve to a different object are reported. In an isolated run (the default, see
-:mod:`fuseval.isolation`) the verdict is computed in another process, so tampering cannot
+:mod:`fuseval.runner.isolation`) the verdict is computed in another process, so tampering cannot
 change it; it is still reported (violation ``tampered``), because an implementation that
 patches torch's arithmetic is not computing what it claims to. Threads the implementation
 started and left running after it returned are reported too (``lingering_thread``): they
@@ -30,7 +30,7 @@ WATCHED: tuple[tuple[str, str], ...] = tuple(
                                           "blind_outputs", "rms")]
     + [("fuseval.hygiene", n) for n in ("fingerprint", "overlaps", "poison_allocator", "same_outputs", "_same_value",
                                          "partial_calls", "judge_partial_calls", "compare", "draw_inputs")]
-    + [("fuseval.in_process", n) for n in ("overlaps", "poison_allocator")]
+    + [("fuseval.runner.in_process", n) for n in ("overlaps", "poison_allocator")]
     + [("fuseval.validate", "check_outputs_shape")]
     + [("torch", n) for n in ("abs", "sub", "add", "mul", "div", "eq", "le", "lt", "ge", "gt", "ne",
                                "isfinite", "isnan", "isinf", "isclose", "allclose", "equal", "where",

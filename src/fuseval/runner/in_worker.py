@@ -1,4 +1,4 @@
-"""What runs in the worker process of an isolated implementation (see :mod:`fuseval.isolation`).
+"""What runs in the worker process of an isolated implementation (see :mod:`fuseval.runner.isolation`).
 
 The worker's first acts, before anything of the implementation's is imported and before
 torch starts a thread: take fuseval's pipe as its standard output and error (so nothing it
@@ -11,7 +11,7 @@ Inputs arrive as sealed files mapped copy-on-write, or CUDA copies of their own
 
 What the worker says about the implementation (functions it replaced, threads it left,
 outputs sharing an input's memory) is advisory: fuseval adds it to the verdict, but the
-verdict rests on what fuseval's process verifies itself (:mod:`fuseval.isolation`).
+verdict rests on what fuseval's process verifies itself (:mod:`fuseval.runner.isolation`).
 
 Also here: how an implementation's exception is described (one line and its file:line),
 used by both sides.
@@ -91,7 +91,7 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
 
 
 def is_oom(exc: BaseException) -> bool:
-    from .errors import is_out_of_memory
+    from ..errors import is_out_of_memory
     return is_out_of_memory(exc)
 
 
@@ -173,12 +173,12 @@ class _Worker:
         # the caller's search path, with its folder first (as `python -m` has it): read
         # only, since the worker writes nowhere but its scratch folder
         sys.path[:] = [cwd] + [p for p in path if p not in ("", cwd)]
-        from .ops import resolve_impl
+        from ..ops import resolve_impl
         failure, fn = _guarded(lambda: resolve_impl(defn, impl))
         if failure is not None:
             self.reply({**failure, "cause": failure["status"], "status": "load_failed"})
             return
-        from .staged import staged_of
+        from ..staged import staged_of
         self.fn, self.staged = fn, staged_of(defn, impl, fn)
         self.reply({"status": "loaded", "staged": self.staged is not None,
                     "tampered": integrity.changed(self.baseline)})
@@ -188,7 +188,7 @@ class _Worker:
         import torch
         taps: dict[str, Any] = {}
         if req["which"] == "staged":
-            from .staged import StageReached, TapsUntil
+            from ..staged import StageReached, TapsUntil
             taps = TapsUntil(req.get("stop"))
 
             def thunk():
@@ -205,8 +205,8 @@ class _Worker:
     def call(self, req: dict) -> None:
         import torch
         from . import integrity
-        from .hygiene import poison_allocator
-        from .runner.transport import open_inputs, recv_fds
+        from ..hygiene import poison_allocator
+        from .transport import open_inputs, recv_fds
         fds = recv_fds(self.conn, int(req.get("nfds", 0)))
         self.held = None                  # the previous call's inputs, verified by now
         shared = open_inputs(req["inputs"], fds)
@@ -262,7 +262,7 @@ class _Worker:
         self.reply({"status": "filled"})
 
     def _open(self, out_payload, tap_payload, nfds):
-        from .runner.transport import open_buffers, recv_fds
+        from .transport import open_buffers, recv_fds
         return open_buffers(list(out_payload) + list(tap_payload), recv_fds(self.conn, int(nfds)))
 
     @staticmethod
@@ -287,8 +287,8 @@ class _Worker:
         the timed calls' outputs are kept for :meth:`timed_outputs`."""
         import torch
         from . import integrity
-        from .runner import clock
-        from .runner.transport import open_inputs, recv_fds
+        from . import clock
+        from .transport import open_inputs, recv_fds
         fds = recv_fds(self.conn, int(req.get("nfds", 0)))
         self.held = self.timed = None
         shared = open_inputs(req["inputs"], fds)
@@ -347,7 +347,7 @@ class _Worker:
 
 def _take_stdio(conn) -> None:
     """fuseval's pipe as this process's standard output and error; stdin from /dev/null."""
-    from .runner.transport import recv_fds
+    from .transport import recv_fds
     (pipe,) = recv_fds(conn, 1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -363,11 +363,11 @@ def child_main(conn, threads: int, plan) -> None:
     global IN_WORKER
     IN_WORKER = True
     _take_stdio(conn)
-    from .runner import confine
+    from . import confine
     applied = confine.enter(plan)
     import torch
     import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
-    from .runner import clock  # noqa: F401 - binds the timer's functions before any implementation loads
+    from . import clock  # noqa: F401 - binds the timer's functions before any implementation loads
     torch.set_num_threads(max(1, int(threads)))
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})

@@ -1,7 +1,7 @@
 """The implementation called in fuseval's own process (``--in-process``, ``isolate=False``).
 
 Such a run trusts the implementation: it could change anything in this process, the
-verdict included. :class:`Local` has the interface of :class:`fuseval.isolation.Worker`
+verdict included. :class:`Local` has the interface of :class:`fuseval.runner.isolation.Worker`
 (``call``, ``recheck_kept``) and makes the same integrity checks after each call, but cannot
 stop a call that hangs or ends the process.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from . import integrity
-from .hygiene import fingerprint, overlaps, poison_allocator
+from ..hygiene import fingerprint, overlaps, poison_allocator
 from .isolation import CallResult, describe_exception, is_oom
 
 __all__ = ["Local", "as_tuple", "sync"]
@@ -34,7 +34,7 @@ def sync(device: torch.device) -> None:
 class Local:
     """The implementation called in fuseval's own process (``--in-process``): it is trusted,
     since it could change anything in this process, the verdict included. Same interface
-    as :class:`fuseval.isolation.Worker` (``call``, ``recheck_kept``), minus the isolation."""
+    as :class:`fuseval.runner.isolation.Worker` (``call``, ``recheck_kept``), minus the isolation."""
 
     def __init__(self, fn: Callable, device: torch.device, baseline: dict[str, int] | None = None,
                  input_names: Sequence[str] = ()):

@@ -3,7 +3,7 @@
 An operator whose spec names ``fast_parts`` gives, for one case's inputs, its fast path's
 pieces of GPU work (:class:`Part`: a zero-argument callable running that piece as the
 production call runs it, and the piece's least work). The bench captures each part into
-a CUDA graph and times the replays with the one timer (:func:`fuseval.ceilings.time_call`),
+a CUDA graph and times the replays with the one timer (:func:`fuseval.bench.ceilings.time_call`),
 so what is shown is GPU time with the host's launch work left out, against the part's own
 floor max(FLOPs / matmul rate, bytes / copy bandwidth). The parts need not add up to the
 whole call: fused launches overlap, and the whole call's time includes its host work.
@@ -37,7 +37,7 @@ def time_graph_replay(fn: Callable[[], Any], *, device: torch.device | str = "cu
     (its kernels compiled), captured into a CUDA graph (``fast._graphs.capture``), and the
     graph's replays timed by :func:`time_call` (``timer``: its keyword arguments)."""
     from .ceilings import time_call
-    from .fast._graphs import capture
+    from ..fast._graphs import capture
     device = torch.device(device)
     fn()
     graph, _ = capture(fn, device)

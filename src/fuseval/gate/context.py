@@ -10,8 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import (EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError,
-                      UsageError, user_input)
+from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, UsageError, user_input
 
 COMPONENTS = ("check", "properties", "budget")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -159,7 +158,7 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
     """Validate the options that do not depend on the operator. A number of seeds becomes
     the seeds themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at
     random when not given, so that no run's inputs can be known before it."""
-    from ..isolation import default_isolate
+    from ..runner.isolation import default_isolate
     from ..stats import DEFAULT_WARN_MARGIN
     prof = profile_of(profile)
     dev = resolve_device(device or prof.device)
@@ -250,7 +249,7 @@ def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: b
     """Fail early when the implementation does not import (ImplementationError, exit 4):
     isolated, by starting its worker (which imports it there and then serves the run),
     otherwise here."""
-    from ..isolation import isolates, worker_for
+    from ..runner.isolation import isolates, worker_for
     from ..ops import resolve_impl
     try:
         if isolates(impl, isolate):

@@ -43,7 +43,7 @@ def names_in(expression: str) -> set[str]:
 
 
 def _evaluate(node: ast.AST, bound: Mapping[str, int]) -> int:
-    from .definitions import evaluate_expression
+    from . import evaluate_expression
     return int(evaluate_expression(ast.unparse(node), bound))
 
 
@@ -118,7 +118,7 @@ def solutions(expression: str, value: int, unknown: str, bound: Mapping[str, int
 def _follow_definitions(definitions: dict[str, str], equations: list[Equation], bound: dict[str, int]) -> bool:
     """Evaluate the expression axes whose names are bound, and turn the bound ones whose
     names are not into equations (each definition is used once); whether any was."""
-    from .definitions import evaluate_expression
+    from . import evaluate_expression
     progress = False
     for axis, expression in list(definitions.items()):
         names = names_in(expression)

@@ -46,9 +46,9 @@ import threading
 import time
 from typing import Any, Sequence
 
-from .runner.confine import ConfinementWarning, confinement
-from .runner.worker import MAX_REPLY_BYTES, CallResult, Worker
-from .worker_process import describe_exception, impl_error_location, is_oom
+from .confine import ConfinementWarning, confinement
+from .worker import MAX_REPLY_BYTES, CallResult, Worker
+from .in_worker import describe_exception, impl_error_location, is_oom
 
 __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
            "session", "close_all", "can_isolate", "isolates", "impl_error_location", "describe_exception", "is_oom",
@@ -74,7 +74,7 @@ class IsolationWarning(UserWarning):
 
 
 def _label(impl: Any) -> str:
-    from .ops import impl_label
+    from ..ops import impl_label
     return impl_label(impl)
 
 
@@ -234,7 +234,7 @@ class IsolatedImpl:
     def _expected(self, inputs):
         """(shape, dtype) of each output the definition gives for these inputs: what
         bounds the buffers fuseval allocates for the answer and its taps."""
-        from .validate import bind_axes, expected_outputs
+        from ..validate import bind_axes, expected_outputs
         defn = self.worker.defn
         try:
             return expected_outputs(defn, bind_axes(defn, inputs, check_values=False))
