@@ -24,7 +24,8 @@ import time
 import torch
 
 from fuseval import operators
-from fuseval.check import SOL_REFERENCE, compare, run_case
+from fuseval.check import compare, run_case
+from fuseval.oracles import SOL_REFERENCE
 from fuseval.inputs import generate_inputs
 from fuseval.jsonio import dumps
 from fuseval.ops import get
