@@ -2,6 +2,7 @@
 
 Without a CUDA device, Triton kernels run through the interpreter, which must be chosen
 before triton is first imported."""
+import contextlib
 import os
 
 import pytest
@@ -37,10 +38,17 @@ def _rules_tested_in_process():
     isolated path (fuseval.runner.isolation) is exercised by tests/test_hostile.py, which turns it
     back on, and by every test that runs the command in a subprocess."""
     from fuseval.runner import isolation
-    old = isolation.ISOLATE
-    isolation.ISOLATE = False
-    yield
-    isolation.ISOLATE = old
+    with isolation.default_isolation(False):
+        yield
+
+
+@pytest.fixture
+def isolation_default():
+    """``isolation_default(flag)`` sets, for the rest of the test, whether calls not told
+    whether to isolate do (the product's default is True; this suite's, above, False)."""
+    from fuseval.runner import isolation
+    with contextlib.ExitStack() as stack:
+        yield lambda flag: stack.enter_context(isolation.default_isolation(flag))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -305,7 +305,7 @@ def test_few_open_files_is_a_resource_error(hostile_dir):
     assert "open-file limit" in proc.stderr and "Traceback" not in proc.stderr
 
 
-def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch):
+def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch, isolation_default):
     """A staged run in the worker hands back every stage tap under its own name, parts
     (``stage.part``) included, whatever the order the implementation wrote them in; the
     budget of op B's fast path through the worker is within budget."""
@@ -315,7 +315,7 @@ def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch):
     from fuseval.inputs import generate_inputs
     from fuseval.staged import staged_of
     from fuseval.ops import resolve_impl
-    monkeypatch.setattr(isolation, "ISOLATE", True)
+    isolation_default(True)
     defn = load(OP, config="tiny")
     inputs = generate_inputs(defn, defn.cases("0")[0].axes, seed=3)
     local = staged_of(defn, "reference_fp32", resolve_impl(defn, "reference_fp32"))
@@ -420,7 +420,7 @@ def test_pytest_import_route_rejects(hostile_dir, tmp_path):
     assert "tampered" in text, text[-3000:]
 
 
-def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
+def test_tap_bombs_are_bounded(tmp_path, monkeypatch, isolation_default):
     """Thousands of stage taps, and a tap of 2**33 elements that is one number strided 0:
     refused as bad_outputs before fuseval allocates anything for them."""
     import torch
@@ -445,7 +445,7 @@ def test_tap_bombs_are_bounded(tmp_path, monkeypatch):
     huge.staged = _huge
     '''))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(isolation, "ISOLATE", True)
+    isolation_default(True)
     defn = load(OP, config="tiny")
     inputs = generate_inputs(defn, defn.cases("0")[0].axes, seed=1)
     for name in ("h_taps:impl", "h_taps:huge"):

@@ -184,10 +184,9 @@ EXIT_OF = dict(VIOLATION_EXIT)
 
 
 @pytest.fixture(autouse=True)
-def _isolated_by_default(monkeypatch):
+def _isolated_by_default(isolation_default):
     """The product's default (the suite's conftest runs other tests in-process)."""
-    from fuseval.runner import isolation
-    monkeypatch.setattr(isolation, "ISOLATE", True)
+    isolation_default(True)
 
 
 @pytest.fixture(scope="module")

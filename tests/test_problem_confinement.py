@@ -270,7 +270,7 @@ def test_in_process_confines_problem_code_still(cwd):
     assert not (cwd / "colorsys.py").exists()
 
 
-def test_routing_follows_isolation(cwd, monkeypatch):
+def test_routing_follows_isolation(cwd, monkeypatch, isolation_default):
     """The Python API: with isolation off (fuseval's own tests) the code runs in this
     process and its write lands; with isolation on, the same call is refused in the
     problem's worker and leaves as the problem's error."""
@@ -284,11 +284,11 @@ def test_routing_follows_isolation(cwd, monkeypatch):
     monkeypatch.setenv("FUSEVAL_TEST_DIRS", str(cwd / "a"))
     (cwd / "a").mkdir()
     x, w = torch.randn(8, 16), torch.randn(16, 16)
-    monkeypatch.setattr(isolation, "ISOLATE", True)
+    isolation_default(True)
     with isolation.session(), pytest.raises(ProblemCodeError, match="Denied"):
         run_reference(problem, [x, w], lifted=True)
     assert not (cwd / "a" / "colorsys.py").exists()
-    monkeypatch.setattr(isolation, "ISOLATE", False)
+    isolation_default(False)
     result = run_reference(problem, [x, w], lifted=True)
     assert (cwd / "a" / "colorsys.py").exists()
     assert torch.allclose(result.lifted[0], torch.tanh(x.double() @ w.double().T))
@@ -331,12 +331,7 @@ def run(x, w):
     folder = _folder(cwd / "problems", "p_devices", body)
     problem = read_problem(str(folder))
     x, w = torch.randn(8, 16, device="cuda"), torch.randn(16, 16)
-    old = isolation.ISOLATE
-    isolation.ISOLATE = True
-    try:
-        with isolation.session():
-            y, total, seven = run_reference(problem, [x, w.cuda()], lifted=False)
-    finally:
-        isolation.ISOLATE = old
+    with isolation.default_isolation(True), isolation.session():
+        y, total, seven = run_reference(problem, [x, w.cuda()], lifted=False)
     assert y.device.type == "cuda" and total.device.type == "cpu" and seven == 7
     assert torch.allclose(total, y.sum().cpu())

@@ -13,10 +13,16 @@ import torch
 
 from fuseval.properties import check_implementation, mutants, profiles
 from fuseval.properties import strategies as S
-from fuseval.properties.__main__ import main as reproduce_main
+from fuseval.cli import main as cli_main
 from fuseval.properties.fast_vs_reference import _metamorphic, evaluate, tight_bound
 
+
 OP_A, OP_B = "qwen2vl_decoder_layer", "nvfp4_qkv_rope"
+
+
+def reproduce_main(argv) -> int:
+    """The reproduce command a property failure prints (``fuseval property ARGS``), run."""
+    return cli_main(["property", *argv])
 
 
 def _cpu_profile() -> str:
@@ -83,13 +89,13 @@ def test_failure_report_has_reproduction_info_and_shrinks():
     assert not report.passed
     (failure,) = report.failures
     text = str(report)
-    for needle in ("axis binding:", "input mode:", "seed:", "reproduce: python -m fuseval.properties",
+    for needle in ("axis binding:", "input mode:", "seed:", "reproduce: fuseval property",
                    "--seed", "closest fuseval check: fuseval check --op qwen2vl_decoder_layer"):
         assert needle in text, text
     axes = failure.example.binding.axes
     assert axes["batch_size"] == 1 and axes["seq_len"] == 2, failure.example   # minimal: one future key
     assert failure.example.seed == 0
-    argv = shlex.split(failure.command)[3:]
+    argv = shlex.split(failure.command)[2:]
     assert argv[argv.index("--impl") + 1] == "mutant:causal_mask_off_by_one"
     assert reproduce_main(argv) == 1
     argv[argv.index("--impl") + 1] = "torch"
@@ -100,9 +106,9 @@ def test_reproduce_command_for_adversarial_custom_config(capsys):
     ex = S.explicit_examples(OP_B)[5]                  # every code, special + NaN scales
     cmd = ex.command("mutant:nan_scale_decoded_as_zero")
     assert "--recipe" in cmd and "--config" in cmd
-    assert reproduce_main(shlex.split(cmd)[3:]) == 1
+    assert reproduce_main(shlex.split(cmd)[2:]) == 1
     assert "FAILED" in capsys.readouterr().out
-    assert reproduce_main(shlex.split(ex.command("reference_fp32"))[3:]) == 0
+    assert reproduce_main(shlex.split(ex.command("reference_fp32"))[2:]) == 0
 
 
 def test_tight_bound_catches_what_the_rule_lets_through():

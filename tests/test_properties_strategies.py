@@ -181,7 +181,7 @@ def test_example_command_and_config_arg():
     named = S.Example(_binding(OP_B), "benchmark", 7)
     assert named.binding.config_arg == "small"
     cmd = named.command("fast")
-    assert cmd.startswith("python -m fuseval.properties --op nvfp4_qkv_rope --impl fast --config small")
+    assert cmd.startswith("fuseval property --op nvfp4_qkv_rope --impl fast --config small")
     assert "--seed 7" in cmd
     custom = S.Binding.make(OP_B, {**load(OP_B, "small").const_axes, "hidden_size": 48},
                             {"batch_size": 1, "seq_len": 2})

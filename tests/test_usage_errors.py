@@ -186,18 +186,18 @@ def test_out_of_memory_in_fuseval_has_its_own_code(capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("isolated", [True, False])
-def test_out_of_memory_in_the_implementation(user, capsys, monkeypatch, isolated):
+def test_out_of_memory_in_the_implementation(user, capsys, monkeypatch, isolated, isolation_default):
     from fuseval.runner import isolation
-    monkeypatch.setattr(isolation, "ISOLATE", isolated)
+    isolation_default(isolated)
     rc, out, err = run(capsys, "check", "--op", OP, "--impl", "usage_user_kernels:oom", "--cases", "0", "--no-predict")
     assert rc == EXIT_OUT_OF_MEMORY and "out_of_memory" in out + err and "2.00 GiB" in out + err
 
 
 # ----------------------------------------------------------------- where an implementation raised
 @pytest.mark.parametrize("isolated", [True, False])
-def test_exception_is_shown_with_file_and_line(user, capsys, monkeypatch, isolated):
+def test_exception_is_shown_with_file_and_line(user, capsys, monkeypatch, isolated, isolation_default):
     from fuseval.runner import isolation
-    monkeypatch.setattr(isolation, "ISOLATE", True)          # --in-process below turns it off
+    isolation_default(True)          # --in-process below turns it off
     rc, out, err = run(capsys, "check", "--op", OP, "--impl", "usage_user_kernels:raises", "--cases", "0",
                        "--no-predict", "--json", str(user / "r.json"), *([] if isolated else ["--in-process"]))
     assert rc == EXIT_IMPL_RAISED
@@ -206,9 +206,9 @@ def test_exception_is_shown_with_file_and_line(user, capsys, monkeypatch, isolat
     assert "kernel launch failed" in (user / "r.json").read_text()
 
 
-def test_baseline_compare_reports_the_exception_not_a_regression(user, tmp_path, capsys, monkeypatch):
+def test_baseline_compare_reports_the_exception_not_a_regression(user, tmp_path, capsys, monkeypatch, isolation_default):
     from fuseval.runner import isolation
-    monkeypatch.setattr(isolation, "ISOLATE", True)
+    isolation_default(True)
     (user / "usage_user_kernels2.py").write_text(USER.replace("def raises(", "def raises_real(")
                                                  .replace("def good(", "def raises("))
     base = tmp_path / "b.json"

@@ -119,9 +119,9 @@ class _Subject:
 
 def _subject(operator, impl: str | Callable, device, isolate: bool | None) -> _Subject:
     from .budget import staged_of
-    from .runner.isolation import default_isolate, isolates, worker_for
+    from .runner.isolation import decide, worker_for
     defn = operator.definition
-    if isolates(impl, default_isolate(isolate)):
+    if decide(impl, isolate):
         worker = worker_for(impl, defn, str(device))   # ImplementationError early, before any work
         return _Subject(operator, impl, True, worker.staged)
     fn = operator.implementation(impl)

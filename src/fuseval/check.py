@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -435,7 +434,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``rules``: "fuseval" or "sol" (the benchmark's evaluator). ``predict``: also predict
     the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
     has a ``sol_reference`` and the check is not that prediction already.
-    ``isolate`` (default, None: ``isolation.ISOLATE``, True): the implementation runs in a worker process of its own
+    ``isolate`` (default, None: the process default, :func:`fuseval.runner.isolation.requested`; True): the implementation runs in a worker process of its own
     (:mod:`fuseval.runner.isolation`) and is never imported here; False runs it in this process,
     trusting it. A Python callable that cannot be sent to a worker (defined in
     ``__main__``, a lambda) runs in this process with an :class:`IsolationWarning`.
@@ -581,15 +580,7 @@ def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout:
     worker of its own, or (``isolate`` False, or a callable a worker cannot import, with an
     IsolationWarning) this process."""
     from .runner import integrity, isolation
-    isolate = isolation.default_isolate(isolate)
-    if isolate:
-        ok, why = isolation.can_isolate(impl)
-        if not ok:
-            warnings.warn(isolation.IsolationWarning(
-                f"implementation {_ops.impl_label(impl)!r} runs in fuseval's own process (trusted): {why}"),
-                stacklevel=3)
-            isolate = False
-    if isolate:
+    if isolation.decide(impl, isolate, warn=True, stacklevel=3):
         worker = isolation.worker_for(impl, operator.definition, str(device))
         return worker, True, isolation.DEFAULT_TIMEOUT if timeout is None else timeout
     baseline = integrity.snapshot()       # before the implementation is imported

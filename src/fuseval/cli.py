@@ -17,8 +17,8 @@ import os
 import sys
 import traceback
 
-from .errors import (EXIT_BROKEN_PIPE, EXIT_INTERNAL, EXIT_OUT_OF_MEMORY, EXIT_RESOURCE_LIMIT, EXIT_USAGE, FusevalError,
-                     is_out_of_memory, resource_message)
+from .errors import (EXIT_INTERNAL, EXIT_USAGE, FusevalError, exit_code_of, is_out_of_memory,
+                     resource_message)
 
 # name -> one-line help; the module fuseval.commands.<name> implements it
 COMMANDS = {
@@ -33,6 +33,7 @@ COMMANDS = {
     "import": "import a SOL-ExecBench problem folder as an operator (and report its reference's margins)",
     "sweep": "run import, the benchmark reference's check and the gate over many problem folders: one table",
     "crosscheck": "cross-check a built-in operator's oracle against a SOL-ExecBench problem's reference",
+    "property": "reproduce one example of the property suite (the command each property failure prints)",
 }
 # a command whose module name differs from its name ("import" is a Python keyword)
 MODULES = {"import": "import_problem"}
@@ -111,17 +112,17 @@ def main(argv=None) -> int:
             code = int(handlers[args.command](args) or 0)
         sys.stdout.flush()
         return code
-    except BrokenPipeError:
+    except BrokenPipeError as exc:
         # the reader went away (`fuseval list | head`): stop quietly; stdout goes to devnull
         # so the interpreter's final flush does not complain either
         with contextlib.suppress(OSError):
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_BROKEN_PIPE
+        return exit_code_of(exc)
     except FusevalError as exc:
         if os.environ.get("FUSEVAL_DEBUG"):
             traceback.print_exc()
         print(f"fuseval {args.command}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+        return exit_code_of(exc)
     except OSError as exc:
         limit = resource_message(exc)
         if limit is None:
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
             traceback.print_exc()
         with contextlib.suppress(OSError):
             print(f"fuseval {args.command}: error: {limit}: {_first_line(exc)}", file=sys.stderr)
-        return EXIT_RESOURCE_LIMIT
+        return exit_code_of(exc)
     except Exception as exc:  # noqa: BLE001 - whatever is left is out of memory or a bug
         if is_out_of_memory(exc):
             if os.environ.get("FUSEVAL_DEBUG"):
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
                     if getattr(args, "problems", None) or args.command in ("import", "sweep")
                     else "try a smaller --config or fewer --cases")
             print(f"fuseval {args.command}: error: out of memory: {_first_line(exc)} ({hint})", file=sys.stderr)
-            return EXIT_OUT_OF_MEMORY
+            return exit_code_of(exc)
         return _internal(args, exc)
 
 

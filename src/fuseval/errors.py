@@ -184,3 +184,71 @@ class user_input:
         message = str(exc) if not self.what or str(exc).startswith(self.what) else f"{self.what}: {exc}"
         kind = {EXIT_USAGE: UsageError, EXIT_BAD_FILE: BadFileError}.get(self.exit_code, FusevalError)
         raise kind(message, self.exit_code) from exc
+
+
+# --------------------------------------------------------------------------- exit codes
+# Every exit code a verdict or a failure gets is decided by one of the functions below; the
+# commands, the gate and the CLI call them and decide none themselves.
+def exit_code_of(exc: BaseException) -> int:
+    """The exit code of an exception that ended a command or a gate component: its own for
+    a :class:`FusevalError`, a machine limit (:func:`resource_message`), out of memory, a
+    closed standard output; anything else is a bug in fuseval (70)."""
+    if isinstance(exc, BrokenPipeError):
+        return EXIT_BROKEN_PIPE
+    if isinstance(exc, FusevalError):
+        return exc.exit_code
+    if isinstance(exc, OSError) and resource_message(exc) is not None:
+        return EXIT_RESOURCE_LIMIT
+    if is_out_of_memory(exc):
+        return EXIT_OUT_OF_MEMORY
+    return EXIT_INTERNAL
+
+
+def check_exit_code(violations, *, failed: bool = False, float64_missing: bool = False) -> int:
+    """A check's code: its worst violation's (:func:`exit_code_for`); with none, 1 when it
+    failed all the same (``failed``: a gate's strict warning), else 18 when the float64
+    verdict asked for could not be given (``float64_missing``), else 0."""
+    if violations:
+        return exit_code_for(violations)
+    if failed:
+        return EXIT_CHECK_FAILED
+    return EXIT_NO_FLOAT64_ORACLE if float64_missing else EXIT_OK
+
+
+def says_out_of_memory(message: str) -> bool:
+    """Whether a case's message reports an implementation that ran out of memory."""
+    return "raised" in message and ("can't allocate memory" in message or "out of memory" in message.lower())
+
+
+def budget_exit_code(passed: bool, raised: list[list[str]]) -> int:
+    """A budget report's code: 0 when it passed; the implementation raised (12) in some case,
+    each listed by its messages in ``raised``, or ran out of memory in every such case (7);
+    else the budget failed (1)."""
+    if passed:
+        return EXIT_OK
+    if raised:
+        return EXIT_OUT_OF_MEMORY if all(any(says_out_of_memory(m) for m in case) for case in raised) \
+            else EXIT_IMPL_RAISED
+    return EXIT_CHECK_FAILED
+
+
+_INPUT_CODES = (EXIT_UNKNOWN_OPERATOR, EXIT_IMPORT_ERROR, EXIT_BAD_FILE, EXIT_NO_DEVICE)
+
+
+def gate_exit_code(failures) -> int:
+    """The gate's code from its failed components, in the plan's order, each as (component
+    name, status "fail" or "error", its code or None): the most telling one's. A problem
+    with the gate's own input (a bad file, an implementation that does not import) first,
+    then the check's verdict on the implementation, then the other components' failures,
+    and a component that crashed last."""
+    if not failures:
+        return EXIT_OK
+
+    def rank(failure) -> int:
+        name, status, code = failure
+        if (code or EXIT_CHECK_FAILED) in _INPUT_CODES:
+            return 0
+        if name == "check" and status == "fail":
+            return 1
+        return 2 if status == "fail" else 3
+    return min(failures, key=rank)[2] or EXIT_CHECK_FAILED   # min keeps the first of equals

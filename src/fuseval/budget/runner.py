@@ -30,8 +30,6 @@ from __future__ import annotations
 import functools
 import math
 import time
-import traceback
-import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,7 +39,7 @@ from .. import ops as _ops
 from ..check import poison_allocator, resolve_device
 from ..definitions import Definition
 from ..inputs import TORCH_DTYPES, generate_inputs
-from ..runner.isolation import DEFAULT_TIMEOUT, IsolatedImpl, IsolationWarning, can_isolate, default_isolate
+from ..runner.isolation import DEFAULT_TIMEOUT, IsolatedImpl, decide
 from .budgetfile import Allowance, Budget, load_budget
 from ..precision import finer, round_to
 from ..staged import as_tuple, has_params, reference_of, run_until, staged_of
@@ -471,13 +469,8 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
 def _implementation(operator, impl, dev: torch.device, isolate: bool, timeout: float | None):
     """The implementation as the runner calls it: a proxy to its worker process, or (not
     isolated, or a Python object a worker cannot import) the callable itself."""
-    if default_isolate(isolate):
-        ok, why = can_isolate(impl)
-        if ok:
-            return IsolatedImpl(impl, operator.definition, str(dev),
-                                DEFAULT_TIMEOUT if timeout is None else timeout)
-        warnings.warn(IsolationWarning(f"implementation {_ops.impl_label(impl)!r} runs in fuseval's own "
-                                       f"process (trusted): {why}"), stacklevel=3)
+    if decide(impl, isolate, warn=True, stacklevel=3):
+        return IsolatedImpl(impl, operator.definition, str(dev), DEFAULT_TIMEOUT if timeout is None else timeout)
     return operator.implementation(impl)
 
 

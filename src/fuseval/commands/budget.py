@@ -56,7 +56,7 @@ def run(args) -> int:
     from ..check import draw_seed
     from ..budget import load_budget, run_budget
     from ..operators import load
-    from ..errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_OK
+    from ..errors import EXIT_BAD_FILE, budget_exit_code
 
     from . import operator_definition, user_input, writable_folder
     operator_definition(args.op, args.config, args.cases)   # unknown operator, config, cases: before any work
@@ -79,6 +79,4 @@ def run(args) -> int:
         if args.html:
             written.append(report.save_html(os.path.join(out, "budget.html")))
         print("wrote " + ", ".join(written), file=sys.stderr)
-    if any(c.raised for c in report.cases):
-        return EXIT_IMPL_RAISED
-    return EXIT_OK if report.passed else EXIT_CHECK_FAILED
+    return budget_exit_code(report.passed, [c.messages for c in report.cases if c.raised])

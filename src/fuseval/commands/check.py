@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..check import ReplayFileError, check, reference_refusal, validate_against
-    from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, exit_code_for
+    from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, check_exit_code
     from ..jsonio import dumps
     from ..terminal import case_progress, print_check_report
     from . import operator_definition, writable_file
@@ -70,11 +70,10 @@ def run(args) -> int:
         with open(args.json, "w") as f:
             f.write(dumps(report.to_dict(), indent=1) + "\n")
     violations = [v for c in report.cases for v in c.violations]
-    code = exit_code_for(violations)
-    if code == 0 and args.against == "reference" and report.oracle_notes:
+    code = check_exit_code(violations, float64_missing=args.against == "reference" and bool(report.oracle_notes))
+    if code == EXIT_NO_FLOAT64_ORACLE:
         print(f"fuseval check: the float64 verdict asked for (--against reference) could not be given: "
               f"{report.oracle_notes[0]} (exit {EXIT_NO_FLOAT64_ORACLE})", file=sys.stderr)
-        return EXIT_NO_FLOAT64_ORACLE
     return code
 
 

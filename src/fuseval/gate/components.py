@@ -12,8 +12,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ..errors import (EXIT_CHECK_FAILED, EXIT_IMPL_RAISED, EXIT_INTERNAL, EXIT_NO_FLOAT64_ORACLE, EXIT_OK,
-                      EXIT_OUT_OF_MEMORY, FusevalError, exit_code_for, is_out_of_memory)
+from ..errors import (EXIT_CHECK_FAILED, EXIT_OK, FusevalError, budget_exit_code, check_exit_code, exit_code_for,
+                      exit_code_of)
 from .context import GateContext
 from .results import ComponentResult, TestResult, not_run
 
@@ -105,11 +105,12 @@ def check_component(ctx: GateContext) -> ComponentResult:
         status = "warn"
     if status == "fail" or blind or (status == "warn" and ctx.strict):
         status = "fail"
-    exit_code = EXIT_OK if status != "fail" else (exit_code_for(violations) if violations else EXIT_CHECK_FAILED)
     # the gate's verdict is against the float64 oracle: one that was not made is said, and fails
     not_float64 = list(dict.fromkeys(note for rep in stats.reports for note in rep.oracle_notes))
-    if not_float64 and exit_code == EXIT_OK:
-        status, exit_code = "fail", EXIT_NO_FLOAT64_ORACLE
+    exit_code = check_exit_code(violations if status == "fail" else [], failed=status == "fail",
+                                float64_missing=bool(not_float64))
+    if exit_code != EXIT_OK:
+        status = "fail"
     tests = _case_tests(ctx, stats) + _margin_tests(ctx, stats)
     if blind:
         tests.append(TestResult("blind tolerance", "fail", 0.0, blind[0], "\n".join(blind)))
@@ -153,8 +154,8 @@ class _Labelled:
 def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
     """What a component that calls the implementation like a function gets: a proxy to its
     worker process (isolated), or the implementation itself."""
-    from ..runner.isolation import IsolatedImpl, isolates
-    if not isolates(ctx.impl, ctx.isolate):
+    from ..runner.isolation import IsolatedImpl, decide
+    if not decide(ctx.impl, ctx.isolate):
         return ctx.impl
     from ..ops import get
     proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)
@@ -249,10 +250,6 @@ def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
     return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
 
 
-def _says_out_of_memory(message: str) -> bool:
-    return "raised" in message and ("can't allocate memory" in message or "out of memory" in message.lower())
-
-
 def budget_component(ctx: GateContext) -> ComponentResult:
     from ..budget import run_budget
     from ..stats import seed_values
@@ -282,11 +279,7 @@ def budget_component(ctx: GateContext) -> ComponentResult:
     for c in report.cases:
         for k, v in c.seconds.items():
             timings[k] = timings.get(k, 0.0) + v
-    code = EXIT_OK if report.passed else EXIT_IMPL_RAISED if any(c.raised for c in report.cases) else EXIT_CHECK_FAILED
-    # an implementation that ran out of memory did not raise a verdict on itself: the size did
-    if code == EXIT_IMPL_RAISED and all(any(_says_out_of_memory(m) for m in c.messages)
-                                         for c in report.cases if c.raised):
-        code = EXIT_OUT_OF_MEMORY
+    code = budget_exit_code(report.passed, [c.messages for c in report.cases if c.raised])
     data = report.to_dict()
     if repeated:
         data["hygiene_left_to_check"] = {"seed": seed_values(ctx.seeds)[0], "cases": [c.case for c in report.cases]}
@@ -306,7 +299,6 @@ def join_budget_hygiene(results: list[ComponentResult]) -> None:
     were measured on an implementation that fails those rules, so the budget fails too,
     as it would have failed by its own calls. Applied once every component has run (in
     any order, serial or side by side)."""
-    from ..errors import exit_code_for
     checks = {r.op: r for r in results if r.name == "check"}
     for r in results:
         left = r.data.get("hygiene_left_to_check") if r.name == "budget" else None
@@ -349,10 +341,9 @@ def run_guarded(name: str, ctx: GateContext) -> ComponentResult:
     try:
         result = RUNNERS[name](ctx)
     except FusevalError as exc:
-        result = _crashed(ctx, name, exc, exc.exit_code, None)
+        result = _crashed(ctx, name, exc, exit_code_of(exc), None)
     except Exception as exc:  # noqa: BLE001 - one broken component must not hide the others
-        code = EXIT_OUT_OF_MEMORY if is_out_of_memory(exc) else EXIT_INTERNAL
-        result = _crashed(ctx, name, exc, code, traceback.format_exc())
+        result = _crashed(ctx, name, exc, exit_code_of(exc), traceback.format_exc())
     result.seconds = time.perf_counter() - t0
     ctx.progress(f"{ctx.op} {name}: {result.status} ({result.seconds:.1f}s)")
     return result

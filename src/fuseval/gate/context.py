@@ -158,7 +158,7 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
     """Validate the options that do not depend on the operator. A number of seeds becomes
     the seeds themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at
     random when not given, so that no run's inputs can be known before it."""
-    from ..runner.isolation import default_isolate
+    from ..runner.isolation import requested
     from ..stats import DEFAULT_WARN_MARGIN
     prof = profile_of(profile)
     dev = resolve_device(device or prof.device)
@@ -183,7 +183,7 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
         raise UsageError(f"seed: give either a list of seeds ({seeds!r}) or a first seed, not both")
     return Settings(prof, dev, config, cases, seeds, mode,
                     float(margin), bool(strict), budget_config, budget_cases, budget_cases == "profile",
-                    budget, out, progress or (lambda message: None), default_isolate(isolate), timeout,
+                    budget, out, progress or (lambda message: None), requested(isolate), timeout,
                     tuple(components))
 
 
@@ -249,10 +249,10 @@ def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: b
     """Fail early when the implementation does not import (ImplementationError, exit 4):
     isolated, by starting its worker (which imports it there and then serves the run),
     otherwise here."""
-    from ..runner.isolation import isolates, worker_for
+    from ..runner.isolation import decide, worker_for
     from ..ops import resolve_impl
     try:
-        if isolates(impl, isolate):
+        if decide(impl, isolate):
             worker_for(impl, defn, device)
         else:
             resolve_impl(defn, impl)

@@ -7,11 +7,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from ..errors import (EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_IMPORT_ERROR, EXIT_NO_DEVICE, EXIT_OK,
-                      EXIT_UNKNOWN_OPERATOR)
+from ..errors import EXIT_OK, gate_exit_code
 
 # exit codes that mean "the gate's input is wrong": they outrank every verdict
-_INPUT_CODES = (EXIT_UNKNOWN_OPERATOR, EXIT_IMPORT_ERROR, EXIT_BAD_FILE, EXIT_NO_DEVICE)
 STATUSES = ("pass", "warn", "fail", "error", "skipped")
 
 
@@ -93,18 +91,7 @@ class GateReport:
         (a bad file, an implementation that does not import) first, then the check's verdict
         on the implementation (raised, wrong outputs, NaN, hygiene, tolerance), then the
         other components' failures, and a component that crashed last."""
-        failed = [c for c in self.components if c.failed]
-        if not failed:
-            return EXIT_OK
-
-        def rank(c: ComponentResult) -> int:
-            if (c.exit_code or EXIT_CHECK_FAILED) in _INPUT_CODES:
-                return 0
-            if c.name == "check" and c.status == "fail":
-                return 1
-            return 2 if c.status == "fail" else 3
-        best = min(failed, key=rank)   # min keeps the first of equals: operators, components in order
-        return best.exit_code or EXIT_CHECK_FAILED
+        return gate_exit_code([(c.name, c.status, c.exit_code) for c in self.components if c.failed])
 
     @property
     def warnings(self) -> list[ComponentResult]:

@@ -58,7 +58,7 @@ def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     the contexts start them one by one (each imports torch meanwhile)."""
     from ..runner import isolation
     from ..operators import load
-    if len(names) < 2 or not isolation.isolates(impl, s.isolate):
+    if len(names) < 2 or not isolation.decide(impl, s.isolate):
         return
     try:
         defns = [load(n, s.config or s.profile.config) for n in names]
@@ -76,10 +76,10 @@ def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) 
     """Every component of the plan, in the plan's order: serially, or ``jobs`` at a time
     (:mod:`fuseval.gate.parallel`: a thread per operator, or a pool of processes)."""
     from . import parallel
-    from ..runner.isolation import isolates
+    from ..runner.isolation import decide
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
-    isolated = isolates(options["impl"], s.isolate)
+    isolated = decide(options["impl"], s.isolate)
     if jobs == "auto":
         jobs = parallel.default_jobs(s.device, len(units), len({ctx.op for ctx, _ in units}), isolated)
     done: dict[tuple[str, str], ComponentResult] = {}
@@ -175,10 +175,10 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
         budget=budget, out=out, isolate=isolate, timeout=timeout, components=chosen)}
     warm = None
     if warmup:
-        from ..runner.isolation import isolates
+        from ..runner.isolation import decide
         from . import warmup as _warmup
         warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
-                             isolated=isolates(impl, s.isolate), progress=s.progress, components=chosen)
+                             isolated=decide(impl, s.isolate), progress=s.progress, components=chosen)
     try:
         results = _run_plan(plan, chosen, options, s, jobs)
     finally:

@@ -12,7 +12,7 @@ functions here:
 * :func:`custom_inputs`: the problem's custom input entry point.
 
 **Where it runs.** A problem folder is code from elsewhere, so it gets what an
-implementation under test gets: when fuseval isolates (:data:`fuseval.runner.isolation.ISOLATE`:
+implementation under test gets: when fuseval isolates (:func:`fuseval.runner.isolation.requested`:
 always in the CLI, ``--in-process`` included, which trusts the implementation, not the
 problem), each function above sends its request to a confined worker of the problem's own (:mod:`fuseval.runner.isolation`: its own
 session, no capabilities, seccomp, Landlock, standard output and error captured), which
@@ -196,9 +196,9 @@ def custom_inputs(problem: Problem, axes_and_scalars: Mapping[str, Any], device,
 
 def runs_here() -> bool:
     """Whether a problem's code runs in this process: inside a worker, or when a Python
-    caller turned isolation off (:data:`fuseval.runner.isolation.ISOLATE`)."""
+    caller turned isolation off (:func:`fuseval.runner.isolation.default_isolation`)."""
     from ..runner import in_worker, isolation
-    return in_worker.IN_WORKER or not isolation.ISOLATE
+    return in_worker.IN_WORKER or not isolation.requested(None)
 
 
 # --------------------------------------------------------------------------- confined

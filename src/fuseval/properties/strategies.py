@@ -369,7 +369,7 @@ class Example:
 
     def command(self, impl: str, device: str = "cpu") -> str:
         """One shell command that reruns exactly this example."""
-        parts = ["python", "-m", "fuseval.properties", *_problem_args(self.op), "--op", self.op, "--impl", impl,
+        parts = ["fuseval", "property", *_problem_args(self.op), "--op", self.op, "--impl", impl,
                  "--config", self.binding.config_arg, "--axes",
                  json.dumps(self.binding.axes, separators=(",", ":")),
                  "--mode", self.mode, "--seed", str(self.seed)]

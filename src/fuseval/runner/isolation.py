@@ -44,6 +44,7 @@ import pickle
 import sys
 import threading
 import time
+import warnings
 from typing import Any, Sequence
 
 from .confine import ConfinementWarning, confinement
@@ -51,21 +52,35 @@ from .worker import MAX_REPLY_BYTES, CallResult, Worker
 from .in_worker import describe_exception, impl_error_location, is_oom
 
 __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
-           "session", "close_all", "can_isolate", "isolates", "impl_error_location", "describe_exception", "is_oom",
+           "session", "close_all", "can_isolate", "decide", "requested", "default_isolation",
+           "impl_error_location", "describe_exception", "is_oom",
            "confinement", "MAX_REPLY_BYTES", "ConfinementWarning", "IsolationViolation"]
 
 # seconds a case may take in the implementation (every call of the case together); the
 # first call of a GPU kernel includes its compilation
 DEFAULT_TIMEOUT = 300.0
-# whether check, the gate, the budget and baselines isolate when not told (``isolate=None``);
-# the CLI says True unless --in-process. fuseval's own test suite sets it to False for the
-# tests of the rules themselves, and runs the isolated path in tests/test_hostile.py
-ISOLATE = True
 _MAX_WORKERS = 6
+# whether check, the gate, the budget and baselines isolate when not told (``isolate=None``):
+# True, unless a block of :func:`default_isolation` says otherwise
+_DEFAULT = [True]
 
 
-def default_isolate(isolate: bool | None) -> bool:
-    return ISOLATE if isolate is None else bool(isolate)
+@contextlib.contextmanager
+def default_isolation(isolate: bool):
+    """Within the block, calls not told whether to isolate (``isolate=None``) isolate or not
+    as ``isolate`` says, in every thread: for a program that embeds fuseval to check trusted
+    code in its own process (fuseval's own tests of its rules do)."""
+    old = _DEFAULT[0]
+    _DEFAULT[0] = bool(isolate)
+    try:
+        yield
+    finally:
+        _DEFAULT[0] = old
+
+
+def requested(isolate: bool | None) -> bool:
+    """Whether isolation is asked for: ``isolate``, or the default in force when None."""
+    return _DEFAULT[0] if isolate is None else bool(isolate)
 
 
 class IsolationWarning(UserWarning):
@@ -99,10 +114,18 @@ def can_isolate(impl: Any) -> tuple[bool, str]:
     return True, ""
 
 
-def isolates(impl: Any, isolate: bool) -> bool:
-    """Whether ``impl``'s calls run in a worker process: isolation asked for (``isolate``,
-    resolved) and the implementation sendable to a worker (:func:`can_isolate`)."""
-    return bool(isolate) and can_isolate(impl)[0]
+def decide(impl: Any, isolate: bool | None = None, *, warn: bool = False, stacklevel: int = 2) -> bool:
+    """The one decision whether ``impl``'s calls run in a worker process: isolation asked
+    for (:func:`requested`) and the implementation sendable to a worker (:func:`can_isolate`).
+    With ``warn``, an implementation asked to be isolated that cannot be gets an
+    :class:`IsolationWarning` (it runs in fuseval's process: trusted)."""
+    if not requested(isolate):
+        return False
+    ok, why = can_isolate(impl)
+    if not ok and warn:
+        warnings.warn(IsolationWarning(f"implementation {_label(impl)!r} runs in fuseval's own process (trusted): "
+                                       f"{why}"), stacklevel=stacklevel + 1)
+    return ok
 
 
 _spare: list[Worker] = []
