@@ -30,8 +30,8 @@ from fuseval.diagnosis import diagnose_case
 from fuseval.diagnosis.matching import passes, rank_of
 from fuseval.diagnosis.render import matches_table
 from fuseval.inputs import generate_inputs
-from fuseval.ops import resolve_impl
-from fuseval.properties.mutants import catalogue
+from fuseval.operators.implementations import resolve_impl
+from fuseval.operators.mutants import catalogue
 
 
 def main(argv=None) -> int:

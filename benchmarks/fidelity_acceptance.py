@@ -28,7 +28,7 @@ from fuseval.check import compare, run_case
 from fuseval.oracles import SOL_REFERENCE
 from fuseval.inputs import generate_inputs
 from fuseval.jsonio import dumps
-from fuseval.ops import get
+from fuseval.operators.implementations import get
 from fuseval.terminal import fmt_number
 
 

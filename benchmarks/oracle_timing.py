@@ -28,7 +28,7 @@ from fuseval import operators
 from fuseval.check import run_case
 from fuseval.inputs import generate_inputs
 from fuseval.jsonio import dumps
-from fuseval.ops import get
+from fuseval.operators.implementations import get
 from fuseval.terminal import fmt_number
 
 DEFAULT_IMPL = "torch"

@@ -42,7 +42,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from fuseval.operators import load
-from fuseval.ops import resolve_impl
+from fuseval.operators.implementations import resolve_impl
 from fuseval.precision import unit_roundoff
 from fuseval.refimpl import stages as st
 

@@ -8,7 +8,7 @@ import torch
 
 from fuseval.operators import load
 from fuseval.inputs import TORCH_DTYPES
-from fuseval.ops import resolve_impl
+from fuseval.operators.implementations import resolve_impl
 
 B_OP, A_OP, R_OP = "nvfp4_qkv_rope", "qwen2vl_decoder_layer", "residual_rmsnorm"
 
@@ -138,7 +138,7 @@ def a_q_weight_transposed(*inputs):
 
 def a_no_causal_mask(*inputs):
     """Attention without the causal mask: every query sees every key."""
-    from fuseval.properties.mutants import namespace
+    from fuseval.operators.mutants import namespace
     from fuseval.refimpl import stages as st
 
     def attention(q, k, v, query_chunk=2048):
@@ -151,7 +151,7 @@ def a_no_causal_mask(*inputs):
 
 def a_all_heads_read_kv0(*inputs):
     """Every query head reads kv head 0 (a GQA group size taken as num_heads)."""
-    from fuseval.properties.mutants import namespace
+    from fuseval.operators.mutants import namespace
     from fuseval.refimpl import stages as st
 
     def attention(q, k, v, query_chunk=2048):

@@ -11,7 +11,8 @@ import json
 import pytest
 import torch
 
-from fuseval import baseline, bench, cli, ops
+from fuseval import baseline, bench, cli
+from fuseval.operators import implementations as ops
 from fuseval.errors import EXIT_BAD_FILE, EXIT_REGRESSION, EXIT_UNKNOWN_OPERATOR, FusevalError, TimingRefused
 from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 

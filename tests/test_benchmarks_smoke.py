@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from fuseval import operators
-from fuseval.ops import get
+from fuseval.operators.implementations import get
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "benchmarks"
@@ -29,7 +29,7 @@ BENCH = ROOT / "benchmarks"
 OPS = [op for op in operators.names() if operators.spec(op).package.startswith("fuseval.operators.")]
 
 BROKEN_MODULE = '''
-from fuseval.ops import get
+from fuseval.operators.implementations import get
 
 def scaled(*inputs):
     """{op}'s torch baseline with every output scaled by 1.5."""

@@ -17,8 +17,8 @@ from fuseval import operators
 from fuseval.budget import run_budget
 from fuseval.operators import load
 from fuseval.inputs import generate_inputs
-from fuseval.ops import resolve_impl
-from fuseval.properties.mutants import catalogue
+from fuseval.operators.implementations import resolve_impl
+from fuseval.operators.mutants import catalogue
 
 OPS = [op for op in operators.names() if catalogue(op)]
 # per operator, two cases of the small config: several batch items with a short sequence

@@ -314,7 +314,7 @@ def test_stage_taps_come_back_by_name_through_the_worker(monkeypatch, isolation_
     from fuseval.operators import load
     from fuseval.inputs import generate_inputs
     from fuseval.staged import staged_of
-    from fuseval.ops import resolve_impl
+    from fuseval.operators.implementations import resolve_impl
     isolation_default(True)
     defn = load(OP, config="tiny")
     inputs = generate_inputs(defn, defn.cases("0")[0].axes, seed=3)

@@ -17,8 +17,8 @@ from fuseval.operators import load
 from fuseval.diagnosis import diagnose_case, diagnose_outputs
 from fuseval.diagnosis.matching import passes, rank_of
 from fuseval.inputs import generate_inputs
-from fuseval.ops import resolve_impl
-from fuseval.properties.mutants import catalogue
+from fuseval.operators.implementations import resolve_impl
+from fuseval.operators.mutants import catalogue
 
 HERE = os.path.dirname(__file__)
 SRC = os.path.join(os.path.dirname(HERE), "src")

@@ -282,7 +282,7 @@ def test_public_api_is_lazy_and_complete():
     import sys
     code = ("import sys, fuseval\n"
             "assert 'triton' not in sys.modules, 'import fuseval imported triton'\n"
-            "assert callable(fuseval.check) and fuseval.ops.get('nvfp4_qkv_rope').name == 'nvfp4_qkv_rope'\n"
+            "assert callable(fuseval.check) and fuseval.operators.implementations.get('nvfp4_qkv_rope').name == 'nvfp4_qkv_rope'\n"
             "assert callable(fuseval.budget.run_budget) and callable(fuseval.properties.check_implementation)\n"
             "assert callable(fuseval.run_gate) and fuseval.gate.run_gate is fuseval.run_gate\n"
             "assert callable(fuseval.baseline.compare) and callable(fuseval.stats.check_over_seeds)\n"

@@ -147,7 +147,7 @@ def test_inputs_in_the_benchmarks_own_dtypes_bind_and_check(tmp_path, register, 
 
 
 def test_the_built_in_nvfp4_operator_takes_packed_fp4_as_the_benchmark_hands_it():
-    from fuseval import ops
+    from fuseval.operators import implementations as ops
     op = ops.get("nvfp4_qkv_rope", "small")
     x = generate_inputs(op.definition, {"batch_size": 1, "seq_len": 2}, seed=0)
     as_benchmark = [v.view(torch.float4_e2m1fn_x2) if spec.dtype == "float4_e2m1fn_x2" else v

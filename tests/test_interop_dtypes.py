@@ -29,7 +29,7 @@ def _reference(*inputs):
 
 def test_a_zero_d_shape_is_a_zero_d_tensor_not_a_python_scalar(register):
     spec = register(INT_BOOL)
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     raw = json.load(open(os.path.join(INT_BOOL, "definition.json")))
     assert raw["inputs"]["scale"]["shape"] == [] and raw["outputs"]["total"]["shape"] == []
     scale = d.inputs[d.input_index("scale")]
@@ -42,7 +42,7 @@ def test_a_zero_d_shape_is_a_zero_d_tensor_not_a_python_scalar(register):
 
 def test_integer_bool_and_e5m2_inputs_follow_the_benchmarks_generic_rules(register):
     spec = register(INT_BOOL)
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     x, offsets, mask, gate, scale = fuseval.generate_inputs(d, {"batch_size": 6}, seed=1)
     # int32: randint(-1024, 1024); bool: randint(0, 2); fp8: clamp(randn, -2, 2) in the format
     assert offsets.dtype == torch.int32 and offsets.shape == (16,)
@@ -55,7 +55,7 @@ def test_integer_bool_and_e5m2_inputs_follow_the_benchmarks_generic_rules(regist
 
 def test_validation_names_the_input_what_was_expected_and_what_was_given(register):
     spec = register(INT_BOOL)
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     inputs = fuseval.generate_inputs(d, {"batch_size": 2}, seed=0)
     assert bind_axes(d, inputs)["batch_size"] == 2
     wrong = list(inputs)
@@ -158,7 +158,7 @@ def test_a_const_axis_only_an_output_has_is_the_definitions(tmp_path, register):
     (tmp_path / "definition.json").write_text(json.dumps(definition))
     (tmp_path / "workload.jsonl").write_text(json.dumps({"uuid": "u", "axes": {}, "inputs": {}}) + "\n")
     spec = register(str(tmp_path))
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     assert bind_axes(d, fuseval.generate_inputs(d, {}, seed=0))["m"] == 3
     assert fuseval.check(spec.name, "sol_reference").passed
     report = fuseval.check(spec.name, lambda x: x[1:4].clone(), isolate=False)

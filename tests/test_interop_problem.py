@@ -173,7 +173,7 @@ def test_custom_entry_point_missing_an_input_is_named(tmp_path):
 # --------------------------------------------------------------------------- as an operator
 def test_registered_problem_is_an_operator_with_per_case_tolerances(register):
     spec = register(RMSNORM)
-    op = fuseval.ops.get(spec.name)
+    op = fuseval.operators.implementations.get(spec.name)
     d = op.definition
     assert d.var_axes == ["batch_size", "seq_len"] and [s.name for s in d.inputs] == ["hidden_states", "weight", "eps"]
     assert d.inputs[2].value == 1e-6           # every workload gives eps the same value
@@ -227,7 +227,7 @@ def test_integer_and_zero_d_tensors_are_held(tmp_path, register):
     workload = {"uuid": "u", "axes": {}, "inputs": {"idx": {"type": "random"}, "s": {"type": "random"}}}
     (tmp_path / "workload.jsonl").write_text(json.dumps(workload) + "\n")
     spec = register(str(tmp_path))
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     assert [s.shape for s in d.inputs] == [("n",), ()]
     assert fuseval.check(spec.name, "sol_reference").passed
 
@@ -240,7 +240,7 @@ def test_float_bounds_of_the_tolerance_are_kept():
 def test_inputs_for_a_binding_no_workload_has(register):
     # a property test draws var axes of its own: the workloads' descriptors apply to them
     spec = register(RMSNORM)
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     inputs = fuseval.generate_inputs(d, {"batch_size": 2, "seq_len": 5}, seed=0)
     assert inputs[0].shape == (2, 5, 64) and inputs[2] == 1e-6
     with pytest.raises(ValueError, match=r"var axes \['seq_len'\] are not bound"):

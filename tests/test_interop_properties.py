@@ -201,7 +201,7 @@ def test_the_derived_budget_reports_what_the_reference_and_the_implementation_sp
     report = run_budget(spec.name, "sol_reference", cases="0,1,2", isolate=False)
     assert report.passed and report.stages == [] and report.torch_baseline == "sol_reference"
     assert report.budget["end_to_end"]["allowance"][0]["metric"] == "tolerance_used"
-    d = fuseval.ops.get(spec.name).definition
+    d = fuseval.operators.implementations.get(spec.name).definition
     for case, row in zip(report.cases, rows):
         inputs = fuseval.generate_inputs(d, case.axes, seed=case.seed)
         tol = row["tolerance"]

@@ -17,7 +17,7 @@ _RUN = r'''
 import os, sys, torch
 import fuseval.fast
 from fuseval.fast import _interpreter
-from fuseval import ops
+from fuseval.operators import implementations as ops
 from fuseval.inputs import draw_inputs
 out = {"installed": _interpreter.installed()}
 for op, cases in (("qwen2vl_decoder_layer", (0, 9, 13)), ("nvfp4_qkv_rope", (2, 9, 13))):

@@ -10,8 +10,9 @@ from fuseval import operators
 from fuseval.check import compare
 from fuseval.operators import load
 from fuseval.errors import UnknownOperatorError
-from fuseval.ops import resolve_impl
-from fuseval.properties import check_implementation, mutants
+from fuseval.operators.implementations import resolve_impl
+from fuseval.properties import check_implementation
+from fuseval.operators import mutants
 from fuseval.properties import strategies as S
 
 # every registered operator that ships a mutant catalogue (the two benchmark operators

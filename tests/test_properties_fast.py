@@ -11,7 +11,8 @@ import shlex
 import pytest
 import torch
 
-from fuseval.properties import check_implementation, mutants, profiles
+from fuseval.properties import check_implementation, profiles
+from fuseval.operators import mutants
 from fuseval.properties import strategies as S
 from fuseval.cli import main as cli_main
 from fuseval.properties.fast_vs_reference import _metamorphic, evaluate, tight_bound
@@ -143,7 +144,7 @@ def test_metamorphic_invariants_catch(op, name):
 
 def _reference_fp32(op):
     from fuseval.operators import load
-    from fuseval.ops import resolve_impl
+    from fuseval.operators.implementations import resolve_impl
     return resolve_impl(load(op), "reference_fp32")
 
 

@@ -18,7 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hst
 
 from fuseval import definitions, operators
-from fuseval.properties import check_implementation, has_tight_bound, mutants, tight_bound
+from fuseval.properties import check_implementation, has_tight_bound, tight_bound
+from fuseval.operators import mutants
 from fuseval.properties import strategies as S
 from fuseval.properties.fast_vs_reference import _metamorphic
 from fuseval.properties.hooks import PropertyHooks, RecipeFeature, hooks_of

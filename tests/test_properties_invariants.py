@@ -21,9 +21,9 @@ from fuseval.operators.nvfp4_qkv_rope.mutants import rope_interleaved as _rope_i
 from fuseval.operators.qwen2vl_decoder_layer.mutants import attention_with as _attention_with
 from fuseval.operators.qwen2vl_decoder_layer.mutants import mrope_select_with as _mrope_select_with
 from fuseval.operators.qwen2vl_decoder_layer.mutants import rms_norm_eps_outside as _rms_norm_eps_outside
-from fuseval.properties import mutants
+from fuseval.operators import mutants
 from fuseval.properties import strategies as S
-from fuseval.properties.mutants import namespace as _namespace
+from fuseval.operators.mutants import namespace as _namespace
 from fuseval.properties.profiles import property_settings, seeded
 from fuseval.refimpl import nvfp4
 from fuseval.refimpl import stages as st
@@ -409,7 +409,7 @@ def _bf16_stage_run(op):
     """The float32 reference with its RMSNorm outputs rounded to bf16 (post_norm / qk_norm
     computed in too low a precision)."""
     from fuseval.operators import load
-    from fuseval.ops import resolve_impl
+    from fuseval.operators.implementations import resolve_impl
     ref = resolve_impl(load(op), "reference")
     low = _namespace(st, rms_norm=lambda x, w, eps: st.rms_norm(x, w, eps).to(torch.bfloat16).to(x.dtype))
     return lambda *a, taps=None, override=None: ref(*a, taps=taps, override=override,

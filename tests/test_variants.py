@@ -10,7 +10,7 @@ from fuseval.cli import main
 from fuseval.definitions import DEFAULT_VARIANT
 from fuseval.operators import load, variant_scope
 from fuseval.errors import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE
-from fuseval.ops import resolve_impl
+from fuseval.operators.implementations import resolve_impl
 from fuseval.operators.nvfp4_qkv_rope import reference as op_b
 from fuseval.operators.qwen2vl_decoder_layer import reference as op_a
 

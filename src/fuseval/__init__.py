@@ -6,7 +6,7 @@ Public API::
     report = fuseval.check("nvfp4_qkv_rope", "mypkg.kernels:qkv_rope", config="small")
     report.passed, report.to_dataframe()
 
-    fuseval.ops.get("qwen2vl_decoder_layer").definition      # the operator as data
+    fuseval.operators.implementations.get("qwen2vl_decoder_layer").definition      # the operator as data
     fuseval.generate_inputs(defn, {"batch_size": 1, "seq_len": 128}, seed=0)
 
     fuseval.budget.run_budget("nvfp4_qkv_rope", "fast", config="small")   # per-stage error budget
@@ -31,7 +31,7 @@ _LAZY = {
     "check": ("fuseval.check", "check"),
     "compare": ("fuseval.check", "compare"),
     "CheckReport": ("fuseval.check", "CheckReport"),
-    "ops": ("fuseval.ops", None),
+    "ops": ("fuseval.operators.implementations", None),
     "definitions": ("fuseval.definitions", None),
     "load_definition": ("fuseval.definitions", "load"),
     "generate_inputs": ("fuseval.inputs", "generate_inputs"),

@@ -161,7 +161,7 @@ def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, 
     (a refused timing is an error: a baseline never records a time that was not earned)."""
     from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS
     from .runner.isolation import worker_for
-    from .ops import impl_label
+    from .operators.implementations import impl_label
     from .runner.timing import time_impl
     operator, defn = subject.operator, subject.operator.definition
     runner = worker_for(impl, defn, str(device)) if subject.isolate else subject.fn
@@ -206,7 +206,7 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     the kernel here)."""
     from .bench import timer_rules
     from .check import check, resolve_device
-    from .ops import get, impl_label
+    from .operators.implementations import get, impl_label
     from .terminal import case_verdict
     from .stats import seed_values
 

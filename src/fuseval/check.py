@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 
-from . import ops as _ops
+from .operators import implementations as _ops
 from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
 from .definitions import Case, Definition, Tolerance
 from .errors import VIOLATION_EXIT, NoDeviceError, UsageError

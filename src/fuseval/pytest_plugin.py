@@ -280,7 +280,7 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     settings = _settings(config)
     from .operators import load
     from .operators import names
-    from .ops import missing_implementation
+    from .operators.implementations import missing_implementation
     known = names()
     for op, impl in pairs:
         ops = known if op == "all" else [op]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .definitions import Definition
-from .ops import resolve_impl
+from .operators.implementations import resolve_impl
 
 __all__ = ["StageReached", "TapsUntil", "run_until", "staged_of", "as_tuple", "has_params", "reference_of"]
 

@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from .. import operators
-from .. import ops as _ops
+from ..operators import implementations as _ops
 from .render import plot_report, print_bench_report, write_outputs
 from .ceilings import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing, _require_cuda, measure_ceilings, measure_sustained, square_matmul, sustained_rate, time_call, timer_rules, floor_seconds
 from ..definitions import Definition
@@ -292,7 +292,7 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
     from ..oracles import SOL_REFERENCE
     from .clocks import wall
     from ..inputs import generate_inputs
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     # the benchmark's predicted verdict beside the oracle's, where the operator has its reference
     predictor = resolve_impl(defn, SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
     results: list[CaseBench] = []

@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .. import ops as _ops
+from ..operators import implementations as _ops
 from ..check import poison_allocator, resolve_device
 from ..definitions import Definition
 from ..inputs import TORCH_DTYPES, generate_inputs

@@ -44,9 +44,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..check import resolve_device
     from ..operators import load
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     from ..properties.fast_vs_reference import evaluate
-    from ..properties.mutants import get
+    from ..operators.mutants import get
     from ..properties.strategies import Binding, Example, Recipe
 
     base = load(args.op)

@@ -203,7 +203,7 @@ def _run_under_mode(op: str) -> Callable | None:
 def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
     """How to run the float64 reference of one of fuseval's own operators."""
     from ..operators import load
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     ref = resolve_impl(load(op), "reference")
 
     def run_reference(inputs):

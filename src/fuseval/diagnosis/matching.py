@@ -1,7 +1,7 @@
 """The nearest known mistake: the operator's mutants (and, for imported problems, generic
 mistakes) run on the case's inputs, ranked by how well each agrees with the failing output.
 
-A mutant is the oracle with one stage replaced (:mod:`fuseval.properties.mutants`). The
+A mutant is the oracle with one stage replaced (:mod:`fuseval.operators.mutants`). The
 stages before a mutant's ``stage`` are exactly the unmutated pipeline's, so they run once,
 in float32, and every mutant continues from their taps (the stage-tap protocol's
 ``override``): a mutant costs the part of the pipeline from its own stage on.
@@ -72,7 +72,7 @@ def _prefix_taps(op: str, inputs) -> tuple[dict, list[str]]:
     """The unmutated pipeline's stage taps in float32 (the mutants' own reference), and
     the definition's stage order."""
     from ..operators import load
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     defn = load(op)
     taps: dict = {}
     ref = resolve_impl(defn, "reference")
@@ -84,7 +84,7 @@ def rank_mutants(op: str, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]
                  tol, output_names: Sequence[str], *, catalogue: Sequence | None = None,
                  progress: Callable[[str], None] | None = None) -> list[MutantMatch]:
     """Every mutant of ``op``'s catalogue on ``inputs``, ranked (best first, visible first)."""
-    from ..properties.mutants import catalogue as read_catalogue
+    from ..operators.mutants import catalogue as read_catalogue
     mutants = list(read_catalogue(op) if catalogue is None else catalogue)
     if not mutants:
         return []

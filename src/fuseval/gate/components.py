@@ -157,9 +157,9 @@ def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
     from ..runner.isolation import IsolatedImpl, decide
     if not decide(ctx.impl, ctx.isolate):
         return ctx.impl
-    from ..ops import get
+    from ..operators.implementations import get
     proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)
-    # a mutant of fuseval.properties.mutants is labelled by its name in the property reports
+    # a mutant of fuseval.operators.mutants is labelled by its name in the property reports
     mutant_name = getattr(ctx.impl, "mutant_name", None)
     return _Labelled(proxy, ctx.impl_label, mutant_name)
 

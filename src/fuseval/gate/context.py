@@ -216,7 +216,7 @@ def context(op: str, impl: str | Callable, s: Settings) -> GateContext:
     and the implementation loaded (in its worker when isolated), so that a mistake in any
     of them is found before the run."""
     from ..operators import load
-    from ..ops import impl_label
+    from ..operators.implementations import impl_label
     config = s.config or s.profile.config
     budget_config = s.budget_config or s.config or s.profile.budget_config
     with user_input("config"):
@@ -250,7 +250,7 @@ def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: b
     isolated, by starting its worker (which imports it there and then serves the run),
     otherwise here."""
     from ..runner.isolation import decide, worker_for
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     try:
         if decide(impl, isolate):
             worker_for(impl, defn, device)

@@ -39,7 +39,7 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
     run because it has no implementation ``impl``. Every context is built (validated)
     before anything runs."""
     from ..operators import load
-    from ..ops import impl_label, missing_implementation
+    from ..operators.implementations import impl_label, missing_implementation
     every = isinstance(op, str) and op == "all"
     reasons = {name: missing_implementation(load(name), impl) if every else None for name in names}
     _prespawn_workers([n for n in names if not reasons[n]], impl, s)
@@ -184,7 +184,7 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     finally:
         if warm is not None:
             s.progress(warm.stop())
-    from ..ops import impl_label
+    from ..operators.implementations import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
                         time.perf_counter() - t_start, started, seeds=list(s.seeds),
                         seed_drawn=seed is None and not isinstance(seeds, (list, tuple, range)))

@@ -72,7 +72,7 @@ def _warm_one(item: tuple, impl: str, device: str, mode: str) -> None:
     import torch
     from ..operators import load
     from ..inputs import generate_inputs
-    from ..ops import resolve_impl
+    from ..operators.implementations import resolve_impl
     kind, op, config, axes = item
     if kind == "properties":
         from ..properties import check_implementation

@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .. import ops
+from ..operators import implementations as ops
 from ..check import compare, resolve_device
 from ..operators import load
 from ..errors import UsageError

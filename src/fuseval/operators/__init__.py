@@ -59,7 +59,7 @@ class OperatorSpec:
       them is the operator's own fast path (``bench_fast`` None: none).
     * ``properties``: a module with the operator's property hooks (see :mod:`fuseval.properties`).
     * ``mutants``: ``"module:attr"`` of the operator's mutant catalogue (a callable giving the
-      list of :class:`fuseval.properties.mutants.Mutant`).
+      list of :class:`fuseval.operators.mutants.Mutant`).
     * ``fast_options``: ``"module:attr"`` of a callable giving the fast path's options in force
       (tile tables, precision policy) as a JSON-able dict, which ``fuseval bench`` records.
     * ``fast_parts``: ``"module:attr"`` of ``parts(*inputs) -> {name: Part}``

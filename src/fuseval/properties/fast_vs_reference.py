@@ -37,7 +37,7 @@ from hypothesis import Verbosity, example as hyp_example, given, reject, setting
 from hypothesis import seed as hyp_seed
 from hypothesis.errors import Flaky, Unsatisfiable
 
-from .. import ops as _ops
+from ..operators import implementations as _ops
 from ..check import resolve_device, run_case
 from ..definitions import Case, Tolerance
 from ..operators import load

@@ -4,7 +4,7 @@ The engine (strategies, ``check_implementation``, the mutant machinery) never na
 operator. Everything operator-specific comes from the operator's package through its spec:
 ``OperatorSpec.properties = ".properties:HOOKS"`` names a :class:`PropertyHooks` and
 ``OperatorSpec.mutants = ".mutants:catalogue"`` its mutant catalogue (see
-:mod:`fuseval.properties.mutants`). Every field has a default, so an operator may leave
+:mod:`fuseval.operators.mutants`). Every field has a default, so an operator may leave
 its spec's ``properties`` out altogether and still get
 
 * bindings drawn from its definition: its ``small`` configuration (or the seed one) for the

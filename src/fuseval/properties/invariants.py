@@ -30,7 +30,7 @@ import torch
 from ..check import compare
 from ..definitions import Definition, Tolerance
 from ..operators import load
-from ..ops import resolve_impl
+from ..operators.implementations import resolve_impl
 from .hooks import hooks_of
 
 __all__ = ["InvariantViolation", "ORACLE_RTOL", "assert_close", "max_excess", "named_inputs",

@@ -173,7 +173,7 @@ class _Worker:
         # the caller's search path, with its folder first (as `python -m` has it): read
         # only, since the worker writes nowhere but its scratch folder
         sys.path[:] = [cwd] + [p for p in path if p not in ("", cwd)]
-        from ..ops import resolve_impl
+        from ..operators.implementations import resolve_impl
         failure, fn = _guarded(lambda: resolve_impl(defn, impl))
         if failure is not None:
             self.reply({**failure, "cause": failure["status"], "status": "load_failed"})

@@ -89,7 +89,7 @@ class IsolationWarning(UserWarning):
 
 
 def _label(impl: Any) -> str:
-    from ..ops import impl_label
+    from ..operators.implementations import impl_label
     return impl_label(impl)
 
 

@@ -156,7 +156,7 @@ class Worker:
             self.proc, self.conn, self.output, self.scratch = spare.proc, spare.conn, spare.output, spare.scratch
         else:
             self.spawn()
-        from ..ops import ImplementationError
+        from ..operators.implementations import ImplementationError
         ready = self._receive(time.monotonic() + START_TIMEOUT)
         if ready.get("status") != "ready":
             text = self.output.take(0.05)
@@ -594,5 +594,5 @@ def _quoted(text: str) -> str:
 
 
 def _label(impl: Any) -> str:
-    from ..ops import impl_label
+    from ..operators.implementations import impl_label
     return impl_label(impl)

@@ -1,12 +1,12 @@
 """The NVFP4 QKV projection's mutant catalogue: the reference with one real, subtle bug
-each (see :mod:`fuseval.properties.mutants`), in the activation quantizer, the NVFP4 codec,
+each (see :mod:`fuseval.operators.mutants`), in the activation quantizer, the NVFP4 codec,
 the projection, the q/k norm, RoPE and the output layout. The property suite must reject
 every one in the ``ci`` profile; the table is in docs/properties.md."""
 from __future__ import annotations
 
 import torch
 
-from ...properties.mutants import Mutant, copy_input, first_batch_item, make, namespace, swap_inputs
+from ..mutants import Mutant, copy_input, first_batch_item, make, namespace, swap_inputs
 from ...refimpl import nvfp4
 from ...refimpl import stages as st
 

@@ -1,5 +1,5 @@
 """The decoder layer's mutant catalogue: the reference with one real, subtle bug each (see
-:mod:`fuseval.properties.mutants`), one or more per stage. The property suite must reject
+:mod:`fuseval.operators.mutants`), one or more per stage. The property suite must reject
 every one in the ``ci`` profile; the table is in docs/properties.md."""
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ from typing import Callable
 
 import torch
 
-from ...properties.mutants import (Mutant, copy_input, first_batch_item, make, namespace, ones_input,
-                                   swap_inputs, zero_input)
+from ..mutants import Mutant, copy_input, first_batch_item, make, namespace, ones_input, swap_inputs, zero_input
 from ...refimpl import stages as st
 
 __all__ = ["catalogue", "rope_half_swapped", "mrope_select_with", "attention_with", "rms_norm_eps_outside",

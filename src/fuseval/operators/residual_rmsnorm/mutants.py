@@ -1,10 +1,10 @@
 """The fused residual add + RMSNorm's mutant catalogue: the reference with one real bug each
-(see :mod:`fuseval.properties.mutants`). The property suite must reject every one."""
+(see :mod:`fuseval.operators.mutants`). The property suite must reject every one."""
 from __future__ import annotations
 
 import torch
 
-from ...properties.mutants import Mutant, make, namespace
+from ..mutants import Mutant, make, namespace
 from ...refimpl import stages as st
 
 __all__ = ["catalogue"]

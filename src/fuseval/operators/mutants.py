@@ -30,9 +30,9 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import operators
-from ..operators import load
+from . import load
 from ..inputs import TORCH_DTYPES
-from ..ops import resolve_impl
+from .implementations import resolve_impl
 
 __all__ = ["Mutant", "make", "namespace", "catalogue", "get", "swap_inputs", "zero_input", "ones_input",
            "copy_input", "first_batch_item"]

@@ -16,10 +16,10 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from . import operators
-from .definitions import Definition
-from .operators import load
-from .errors import ImplementationError
+from .. import operators
+from ..definitions import Definition
+from . import load
+from ..errors import ImplementationError
 
 __all__ = ["Operator", "get", "names", "resolve_impl", "impl_label", "missing_implementation",
            "ImplementationError"]
