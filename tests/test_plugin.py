@@ -108,7 +108,7 @@ def test_warning_of_a_thin_margin_surfaces_as_a_pytest_warning(kernel_repo):
     # the float64 reference rounded to the outputs' dtypes, wrong in one element of every
     # 150 of query_states: 99.33% matched on every draw, a third of the 1% allowance left
     kernel_repo.makepyfile(thin='''
-        from fuseval.definitions import load
+        from fuseval.operators import load
         from fuseval.operators.implementations import resolve_impl
         from fuseval.operators.nvfp4_qkv_rope.reference import torch_eager
 
