@@ -42,6 +42,16 @@ from typing import Any, Callable, Mapping, Sequence
 from .errors import EXIT_BAD_FILE, FusevalError, TimingRefused
 from .jsonio import jsonable, number
 from .terminal import fmt_number
+from ._version import __version__
+from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, timer_rules
+from .budget import staged_of
+from .check import check, resolve_device
+from .operators import list_operators
+from .operators.implementations import get, impl_label
+from .runner.isolation import decide, worker_for
+from .runner.timing import time_impl
+from .stats import seed_values
+from .terminal import case_verdict, console, utc_timestamp
 
 __all__ = ["SCHEMA_VERSION", "collect", "save", "load", "validate", "compare", "Comparison", "Finding",
            "DEFAULT_FACTOR", "DEFAULT_K", "DEFAULT_SLOWDOWN"]
@@ -118,8 +128,6 @@ class _Subject:
 
 
 def _subject(operator, impl: str | Callable, device, isolate: bool | None) -> _Subject:
-    from .budget import staged_of
-    from .runner.isolation import decide, worker_for
     defn = operator.definition
     if decide(impl, isolate):
         worker = worker_for(impl, defn, str(device))   # ImplementationError early, before any work
@@ -159,10 +167,6 @@ def _latencies(subject: _Subject, impl, selected, seed: int, mode: str, device, 
     """One seed's median latency per case, timed as ``fuseval bench`` times: in the
     implementation's worker, over rotating inputs, judged by :func:`fuseval.runner.timing.time_impl`
     (a refused timing is an error: a baseline never records a time that was not earned)."""
-    from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS
-    from .runner.isolation import worker_for
-    from .operators.implementations import impl_label
-    from .runner.timing import time_impl
     operator, defn = subject.operator, subject.operator.definition
     runner = worker_for(impl, defn, str(device)) if subject.isolate else subject.fn
     rules = {"warmup_ms": WARMUP_MS, "rep_ms": REP_MS, "min_reps": MIN_REPS, "max_reps": MAX_REPS, "flush": True}
@@ -204,11 +208,6 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
     implementation (default: on CUDA only). ``isolate``, ``timeout``: as in
     :func:`fuseval.check.check` (latencies are measured in this process: a timing needs
     the kernel here)."""
-    from .bench import timer_rules
-    from .check import check, resolve_device
-    from .operators.implementations import get, impl_label
-    from .terminal import case_verdict
-    from .stats import seed_values
 
     seeds = seed_values(seeds)
     operator = get(op, config)
@@ -258,8 +257,6 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
 def _header(defn, impl: str, dev, mode: str, seeds: list[int], sources: list[str]) -> dict[str, Any]:
     """What a baseline was measured with: tool versions, operator, implementation, device."""
     import torch
-    from ._version import __version__
-    from .terminal import utc_timestamp
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "fuseval baseline",
@@ -338,7 +335,6 @@ def validate(doc: Any, *, source: str = "baseline") -> None:
             raise _bad(source, f"missing key {key!r}")
         if not isinstance(doc[key], kind):
             raise _bad(source, f"{key}: expected {kind.__name__}, got {type(doc[key]).__name__}")
-    from .operators import list_operators
     if doc["op"] not in list_operators():
         raise _bad(source, f"op: unknown operator {doc['op']!r}; known: {', '.join(list_operators())}")
     if not doc["seeds"] or not all(isinstance(s, int) and not isinstance(s, bool) for s in doc["seeds"]):
@@ -488,7 +484,6 @@ class Comparison:
 
     def print_table(self, stream=None, limit: int = 40) -> None:
         from rich.table import Table
-        from .terminal import console
         out = console(stream)
         rows = self._table_rows(limit)
         if rows:

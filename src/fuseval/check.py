@@ -48,6 +48,10 @@ from .runner.in_process import Local, as_tuple, sync
 from .inputs import generate_inputs
 from .oracles import oracle_note, reference_refusal, side_oracles
 from .validate import bind_axes, check_outputs_shape, expected_outputs
+from . import diagnosis
+from .definitions import parse_selection
+from .inputs import load_inputs, save_inputs
+from .runner import integrity, isolation
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
@@ -251,7 +255,6 @@ def _diagnose(defn, runner, case, case_seed, mode, device, inputs, outputs, refs
               expected, out_bytes):
     """The case's :class:`fuseval.diagnosis.Diagnosis`; a failure of the diagnosis itself is
     a note in it, never a changed verdict."""
-    from . import diagnosis
 
     def call(changed):
         res = runner.call(changed, keep=False, poison=2 * out_bytes, deadline=deadline, expected=expected)
@@ -398,7 +401,6 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
 def validate_selection(selection: Any, n: int) -> None:
     """Reject a case selection that selects nothing or a case twice (``ValueError`` naming
     the selection); the definition's parser does the rest."""
-    from .definitions import parse_selection
     if selection is None or selection == "all":
         return
     if isinstance(selection, str) and not selection.strip(" ,"):
@@ -541,7 +543,6 @@ def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int,
     """The failing case's inputs (drawn again: the same tensors on the same device) into
     ``folder``, and a message with the file and the command that replays it."""
     import os
-    from .inputs import save_inputs
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{defn.name}-{defn.config}-case{case.index}-seed{case_seed}.pt")
     inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)
@@ -560,7 +561,6 @@ def read_replay(path: str, defn: Definition, device: torch.device):
     """(inputs, meta) of a ``save_failing`` file, on ``device``; a :class:`ReplayFileError`
     (naming the file) for an unreadable file or one of another operator, configuration or
     variant."""
-    from .inputs import load_inputs
     try:
         inputs, meta = load_inputs(path, defn, device=device)
     except ValueError as exc:
@@ -579,7 +579,6 @@ def _runner(operator, impl, device: torch.device, isolate: bool | None, timeout:
     """(what calls the implementation, whether it is isolated, the timeout in force): a
     worker of its own, or (``isolate`` False, or a callable a worker cannot import, with an
     IsolationWarning) this process."""
-    from .runner import integrity, isolation
     if isolation.decide(impl, isolate, warn=True, stacklevel=3):
         worker = isolation.worker_for(impl, operator.definition, str(device))
         return worker, True, isolation.DEFAULT_TIMEOUT if timeout is None else timeout

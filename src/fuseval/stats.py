@@ -33,6 +33,8 @@ import math
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterable, Sequence
+from .check import check
+from .terminal import fmt_number
 
 __all__ = ["MetricStats", "StatsReport", "check_over_seeds", "judge", "seed_list", "seed_values",
            "DEFAULT_WARN_MARGIN", "VERDICTS"]
@@ -80,7 +82,6 @@ class MetricStats:
     verdict: str                   # pass | warn | fail | info
 
     def describe(self) -> str:
-        from .terminal import fmt_number
         if self.metric == "matched_ratio":
             fmt = lambda x: fmt_number(100 * x, 5, "g") + "%"
         else:
@@ -307,7 +308,6 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
     ``progress(seed, result, done, total)`` is called after every case. ``isolate`` and
     ``timeout`` and ``blind_witness``: as in :func:`fuseval.check.check` (one worker serves
     every seed)."""
-    from .check import check
     seeds = seed_values(seeds)
     if not seeds:
         raise ValueError(f"seeds: expected at least one seed, got {seeds!r}")

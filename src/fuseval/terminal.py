@@ -7,6 +7,7 @@ import sys
 from typing import TextIO
 
 from .definitions import axes_label
+from .operators import load
 
 __all__ = ["case_progress", "case_verdict", "print_check_report", "console", "fmt_err", "fmt_number",
            "config_label", "timing_line", "utc_timestamp"]
@@ -74,7 +75,6 @@ def tolerance_rule(t: dict, cases: list[dict] | None = None) -> str:
 def print_check_report(report, stream: TextIO | None = None) -> None:
     from rich.table import Table
 
-    from .operators import load
     t = report.tolerance
     rule = tolerance_rule(t, [c.tolerance for c in report.cases])
     note = load(report.op).raw.get("tolerance", {}).get("note", "")

@@ -61,6 +61,11 @@ from ..definitions import Definition
 from ..runner.clock import L2_FLUSH_BYTES  # noqa: F401 - fuseval.bench.L2_FLUSH_BYTES, as before
 from ..terminal import fmt_number
 from ..runner.timing import CHECKED_CALLS, FLOOR_MARGIN, ROTATION_SETS, WATCHED_CALLS, time_impl
+from ..check import _runner, run_case
+from ..inputs import generate_inputs
+from ..operators.implementations import resolve_impl
+from ..oracles import SOL_REFERENCE
+from .clocks import ClockMonitor, summarize as summarize_clocks, wall
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
            "timer_rules", "SustainedRate", "sustained_rate", "square_matmul", "BenchSpec",
@@ -211,8 +216,6 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
     for that many seconds, and give each case a sustained floor (0: not). ``parts``: also
     time the fast path's parts apart (:mod:`fuseval.bench.parts`) where its operator declares them."""
-    from .clocks import ClockMonitor, wall
-    from .clocks import summarize as summarize_clocks
 
     if sustained_s < 0:
         raise ValueError(f"sustained_s: expected seconds >= 0 (0 = off), got {sustained_s}")
@@ -225,7 +228,6 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     if not parts or device.type != "cuda":
         spec.parts = None
     # every implementation runs (and is timed) in a worker of its own, never in this process
-    from ..check import _runner
     fns = {name: _runner(operator, name, device, None, None)[0] for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
     fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
@@ -288,11 +290,6 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                  warmup_ms, rep_ms, min_reps, max_reps, ceilings, intervals, say) -> list[CaseBench]:
     """The per-case loop of ``run_bench``; records each timing's wall-clock interval in
     ``intervals`` so that the clock samples can be matched to it afterwards."""
-    from ..check import run_case
-    from ..oracles import SOL_REFERENCE
-    from .clocks import wall
-    from ..inputs import generate_inputs
-    from ..operators.implementations import resolve_impl
     # the benchmark's predicted verdict beside the oracle's, where the operator has its reference
     predictor = resolve_impl(defn, SOL_REFERENCE) if SOL_REFERENCE in defn.implementations else None
     results: list[CaseBench] = []

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import torch
+from ..fast._graphs import capture
+from .ceilings import floor_seconds, time_call
 
 if TYPE_CHECKING:
     from .ceilings import Timing
@@ -36,8 +38,6 @@ def time_graph_replay(fn: Callable[[], Any], *, device: torch.device | str = "cu
     """GPU time of ``fn``'s launches, the host's launch work left out: ``fn`` run once
     (its kernels compiled), captured into a CUDA graph (``fast._graphs.capture``), and the
     graph's replays timed by :func:`time_call` (``timer``: its keyword arguments)."""
-    from .ceilings import time_call
-    from ..fast._graphs import capture
     device = torch.device(device)
     fn()
     graph, _ = capture(fn, device)
@@ -51,7 +51,6 @@ def time_parts(parts: Mapping[str, Part], ceilings: Any, device: torch.device, *
     """{name: {"median_ms", "floor_ms", "bound", "flops", "bytes", "what", "error"}} for each
     part: its graph replays timed by ``time_graph_replay(**timer)``; a part that fails is reported
     with its error, not raised."""
-    from .ceilings import floor_seconds
     out: dict[str, dict] = {}
     for name, part in parts.items():
         row: dict[str, Any] = {"flops": part.flops, "bytes": part.bytes, "what": part.what,

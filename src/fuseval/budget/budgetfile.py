@@ -40,6 +40,7 @@ from ..definitions import Definition
 from ..operators import list_operators, load
 from ..precision import PRECISIONS, canonical, check_precision, ulp, unit_roundoff
 from .metrics import ABS_METRICS, METRICS, REL_METRICS, TOLERANCE_METRICS, ULP_METRICS
+from .. import operators
 
 __all__ = ["Allowance", "StageBudget", "EndToEndBudget", "Budget", "load_budget", "default_budget_path",
            "SCHEMA_VERSION", "KINDS"]
@@ -230,7 +231,6 @@ _E2E_KEYS = {"tolerance", "dtype", "allowance", "note"}
 
 def default_budget_path(op: str) -> str | None:
     """The budget file the operator ships (None: it has none)."""
-    from .. import operators
     return operators.spec(op).budget_path()
 
 

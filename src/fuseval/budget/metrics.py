@@ -33,6 +33,8 @@ import torch
 
 from ..comparison import read_scalars
 from ..precision import dtype_precision, ulp
+from ..check import compare
+from ..comparison import tolerance_ratios
 
 __all__ = ["error_metrics", "final_metrics", "storage_precision", "tolerance_use", "kth_smallest", "HIST_EDGES", "METRICS",
            "ULP_METRICS", "ABS_METRICS", "REL_METRICS", "TOLERANCE_METRICS"]
@@ -154,7 +156,6 @@ def tolerance_use(out: torch.Tensor, ref: torch.Tensor, tol) -> float:
     as infinitely far, an integer or bool element spends 0 when equal, infinitely much when
     not). The case's matched ratio reaches the required one exactly when this is at most
     1, so 0.4 means: the element at the required ratio sits at 40% of its bound."""
-    from ..comparison import tolerance_ratios
     if out.numel() == 0:
         return 0.0
     ratio = tolerance_ratios(out, ref, tol)
@@ -213,7 +214,6 @@ def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor
     Keys: ``tolerance_passed``, ``matched_ratio`` (the lowest over outputs), ``max_abs``,
     ``rel_l2``, ``reasons`` and ``outputs`` (per-output compare results), plus the
     :func:`error_metrics` keys with ``full``."""
-    from ..check import compare
 
     per = []
     sq_err = sq_ref = 0.0

@@ -33,6 +33,7 @@ from typing import Any
 from ..jsonio import dumps, jsonable, number
 from .markdown import render_markdown
 from .metrics import HIST_EDGES, METRICS
+from .html import render_html
 
 __all__ = ["StageResult", "EndToEnd", "BudgetCase", "BudgetReport", "render_markdown", "load_report",
            "REPORT_SCHEMA_VERSION"]
@@ -166,7 +167,6 @@ class BudgetReport:
         return os.fspath(path)
 
     def to_html(self) -> str:
-        from .html import render_html
         return render_html(self.to_dict())
 
     def save_html(self, path: str | os.PathLike) -> str:

@@ -46,6 +46,9 @@ from ..staged import as_tuple, has_params, reference_of, run_until, staged_of
 from .metrics import error_metrics, final_metrics, storage_precision
 from .naive import emulated_stages
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
+from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
+from ..runner.in_process import Local
+from ..runner.isolation import IsolationViolation, describe_exception
 
 __all__ = ["run_budget", "staged_of", "run_until"]
 
@@ -56,7 +59,6 @@ def _sync(device: torch.device) -> None:
 
 
 def _error_text(exc: BaseException) -> str:
-    from ..runner.isolation import IsolationViolation, describe_exception
     if isinstance(exc, IsolationViolation):
         return str(exc)
     line, where = describe_exception(exc)
@@ -194,8 +196,6 @@ class _CaseRunner:
         drawn anew): each answer must differ from the first and match the oracle on its own
         inputs (a result cached on part of the inputs would otherwise be measured as exact).
         Returns True when one of them did not."""
-        from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
-        from ..runner.in_process import Local
         calls = partial_calls(self.defn, case, draw_hygiene_seed(), inputs, mode, self.device)
         violations: list[str] = []
         found: list[str] = []

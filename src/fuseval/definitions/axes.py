@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 from typing import Mapping, Sequence
+from . import evaluate_expression
 
 __all__ = ["Equation", "AxisUndetermined", "solve", "solutions", "names_in"]
 
@@ -43,7 +44,6 @@ def names_in(expression: str) -> set[str]:
 
 
 def _evaluate(node: ast.AST, bound: Mapping[str, int]) -> int:
-    from . import evaluate_expression
     return int(evaluate_expression(ast.unparse(node), bound))
 
 
@@ -118,7 +118,6 @@ def solutions(expression: str, value: int, unknown: str, bound: Mapping[str, int
 def _follow_definitions(definitions: dict[str, str], equations: list[Equation], bound: dict[str, int]) -> bool:
     """Evaluate the expression axes whose names are bound, and turn the bound ones whose
     names are not into equations (each definition is used once); whether any was."""
-    from . import evaluate_expression
     progress = False
     for axis, expression in list(definitions.items()):
         names = names_in(expression)

@@ -30,6 +30,8 @@ import torch
 from .anatomy import Finding, OutputAnatomy, anatomy, precision_level
 from .hints import Hints, hints_for, input_groups
 from .matching import MutantMatch, agreement_all, rank_mutants, sort_matches
+from .anatomy import agreement
+from .render import full_lines, short_lines
 
 __all__ = ["Diagnosis", "Dependence", "diagnose_case", "diagnose_outputs", "OutputAnatomy", "Finding",
            "MutantMatch", "Hints", "VERDICTS"]
@@ -69,11 +71,9 @@ class Diagnosis:
 
     def short_lines(self, top: int = 2) -> list[str]:
         """The top findings per output, for ``fuseval check``."""
-        from .render import short_lines
         return short_lines(self, top)
 
     def full_lines(self) -> list[str]:
-        from .render import full_lines
         return full_lines(self)
 
 
@@ -87,7 +87,6 @@ def diagnose_outputs(defn, outputs: Sequence[torch.Tensor], refs: Sequence[torch
         names = list(spec.shape) if spec.shape else []
         found.append(anatomy(o, r, tol, spec.name, names, hints, seed))
     swapped = []
-    from .anatomy import agreement
     for i, (o, a) in enumerate(zip(outputs, found)):
         if not a.failing:
             continue

@@ -19,6 +19,10 @@ from typing import Any, Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
+from .. import operators
+from ..operators import load
+from ..operators.implementations import resolve_impl
+from .matching import MutantMatch, agreement_all, passes
 
 __all__ = ["GENERIC_MISTAKES", "run_generic", "generic_matches"]
 
@@ -195,15 +199,12 @@ def _run_under_mode(op: str) -> Callable | None:
     """How an operator whose reference runs elsewhere (an imported problem's, in its own
     worker) runs it under a torch function mode: its module's ``reference_under_mode``,
     or None for an operator whose oracle runs here."""
-    from .. import operators
     module = importlib.import_module(operators.spec(op).package)
     return getattr(module, "reference_under_mode", None)
 
 
 def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
     """How to run the float64 reference of one of fuseval's own operators."""
-    from ..operators import load
-    from ..operators.implementations import resolve_impl
     ref = resolve_impl(load(op), "reference")
 
     def run_reference(inputs):
@@ -236,7 +237,6 @@ def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
     """Every generic mistake that applies on ``inputs``, as :class:`MutantMatch` (kind "generic")."""
     import time
 
-    from .matching import MutantMatch, agreement_all, passes
     found = []
     tries = []
     for kind, what in GENERIC_MISTAKES.items():

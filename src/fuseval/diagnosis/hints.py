@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
+from .. import operators
 
 __all__ = ["Hints", "Part", "hints_for", "axis_label", "input_groups"]
 
@@ -55,7 +56,6 @@ def axis_label(name: str, hints: Hints | None = None) -> str:
 def hints_for(op: str, bound: Mapping[str, int]) -> Hints:
     """The operator's hints at the case's sizes; an empty :class:`Hints` when it has none
     (imported problems: the anatomy still works, from the definition alone)."""
-    from .. import operators
     try:
         spec = operators.spec(op)
     except Exception:  # noqa: BLE001 - an operator unknown here has no hints, not an error

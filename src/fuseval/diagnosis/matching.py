@@ -20,6 +20,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .anatomy import agreement, failing_mask
+from ..operators import load
+from ..operators.implementations import resolve_impl
+from ..operators.mutants import catalogue as read_catalogue
 
 __all__ = ["MutantMatch", "rank_mutants", "agreement_all", "passes"]
 
@@ -71,8 +74,6 @@ def passes(outputs, refs, tol) -> bool:
 def _prefix_taps(op: str, inputs) -> tuple[dict, list[str]]:
     """The unmutated pipeline's stage taps in float32 (the mutants' own reference), and
     the definition's stage order."""
-    from ..operators import load
-    from ..operators.implementations import resolve_impl
     defn = load(op)
     taps: dict = {}
     ref = resolve_impl(defn, "reference")
@@ -84,7 +85,6 @@ def rank_mutants(op: str, inputs: Sequence[Any], outputs: Sequence[torch.Tensor]
                  tol, output_names: Sequence[str], *, catalogue: Sequence | None = None,
                  progress: Callable[[str], None] | None = None) -> list[MutantMatch]:
     """Every mutant of ``op``'s catalogue on ``inputs``, ranked (best first, visible first)."""
-    from ..operators.mutants import catalogue as read_catalogue
     mutants = list(read_catalogue(op) if catalogue is None else catalogue)
     if not mutants:
         return []

@@ -16,10 +16,18 @@ from ..errors import (EXIT_CHECK_FAILED, EXIT_OK, FusevalError, budget_exit_code
                       exit_code_of)
 from .context import GateContext
 from .results import ComponentResult, TestResult, not_run
+from ..budget import run_budget
+from ..definitions import axes_label, parse_selection
+from ..jsonio import dumps, jsonable
+from ..operators import load
+from ..operators.implementations import get
+from ..properties import check_implementation
+from ..runner.isolation import IsolatedImpl, decide
+from ..stats import check_over_seeds, seed_values
+from ..terminal import case_verdict, fmt_number
 
 
 def _write_json(path: str, doc: Any) -> None:
-    from ..jsonio import dumps
     with open(path, "w") as f:
         f.write(dumps(doc, indent=1) + "\n")
 
@@ -27,7 +35,6 @@ def _write_json(path: str, doc: Any) -> None:
 # --------------------------------------------------------------------------- check
 def _case_tests(ctx: GateContext, stats: Any) -> list[TestResult]:
     """One test per case, failing when any seed failed it, with the command that reruns it."""
-    from ..definitions import axes_label
     by_case: dict[int, list] = {}
     for rep in stats.reports:
         for c in rep.cases:
@@ -67,7 +74,6 @@ def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
     """One line per (case, output) whose tolerance cannot see an error of 10% of its RMS:
     with ``in_benchmark``, those where the benchmark's own reference shows the same (the
     problem's tolerance is blind on its own outputs: reported, not failed), else the rest."""
-    from ..terminal import fmt_number
     seen: dict[tuple[int, str], list[int]] = {}
     records = {}
     for b in stats.blind:
@@ -85,8 +91,6 @@ def _blind_findings(stats: Any, in_benchmark: bool = False) -> list[str]:
 
 
 def check_component(ctx: GateContext) -> ComponentResult:
-    from ..terminal import case_verdict
-    from ..stats import check_over_seeds
 
     def progress(seed, result, done, total):
         ctx.progress(f"{ctx.op} check seed {seed} [{done}/{total}] case {result.case}: {case_verdict(result)} "
@@ -129,7 +133,6 @@ def check_component(ctx: GateContext) -> ComponentResult:
         path = os.path.join(ctx.out, f"check-{ctx.op}.json")
         _write_json(path, {**stats.to_dict(), "reports": [r.to_dict() for r in stats.reports]})
         files["check_json"] = path
-    from ..jsonio import jsonable
     data = jsonable({**stats.to_dict(), "violations": violations, "case_timings": stats.case_timings()})
     return ComponentResult(ctx.op, "check", status, summary, exit_code=exit_code, messages=messages,
                            tests=tests, files=files, data=data, timings=stats.timings, result=stats)
@@ -154,10 +157,8 @@ class _Labelled:
 def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
     """What a component that calls the implementation like a function gets: a proxy to its
     worker process (isolated), or the implementation itself."""
-    from ..runner.isolation import IsolatedImpl, decide
     if not decide(ctx.impl, ctx.isolate):
         return ctx.impl
-    from ..operators.implementations import get
     proxy = IsolatedImpl(ctx.impl, get(ctx.op, config).definition, ctx.device, ctx.timeout)
     # a mutant of fuseval.operators.mutants is labelled by its name in the property reports
     mutant_name = getattr(ctx.impl, "mutant_name", None)
@@ -165,8 +166,6 @@ def implementation_for(ctx: GateContext, config: Any) -> str | Callable:
 
 
 def properties_component(ctx: GateContext) -> ComponentResult:
-    from ..jsonio import jsonable
-    from ..properties import check_implementation
     report = check_implementation(ctx.op, implementation_for(ctx, ctx.config), profile=ctx.profile.properties,
                                   device=ctx.device)
     messages = [str(f) for f in report.failures]
@@ -197,8 +196,6 @@ def properties_component(ctx: GateContext) -> ComponentResult:
 # --------------------------------------------------------------------------- budget
 def _budget_findings(report: Any, limit: int = 12) -> list[str]:
     """One line per case over budget: where, which allowance, value against limit."""
-    from ..definitions import axes_label
-    from ..terminal import fmt_number
     lines: list[str] = []
     for c in report.cases:
         if c.passed:
@@ -244,15 +241,11 @@ def _check_covers_budget_hygiene(ctx: GateContext) -> bool:
         return False
     if ctx.budget_config != ctx.config:
         return False
-    from ..definitions import parse_selection
-    from ..operators import load
     n = len(load(ctx.op, ctx.config).seed_cases)
     return set(parse_selection(ctx.budget_cases, n)) <= set(parse_selection(ctx.cases, n))
 
 
 def budget_component(ctx: GateContext) -> ComponentResult:
-    from ..budget import run_budget
-    from ..stats import seed_values
 
     def progress(result, done, total):
         verdict = "ok" if result.passed else f"over budget ({result.first_over_budget or 'see the report'})"

@@ -11,6 +11,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, UsageError, user_input
+from .. import operators
+from ..budget import load_budget
+from ..check import draw_seed, resolve_device as check_device, validate_seed, validate_selection
+from ..operators import load
+from ..operators.implementations import impl_label, resolve_impl
+from ..runner.isolation import decide, requested, worker_for
+from ..stats import DEFAULT_WARN_MARGIN, seed_list
 
 COMPONENTS = ("check", "properties", "budget")
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
@@ -103,7 +110,6 @@ def profile_of(profile: str | Profile) -> Profile:
 def resolve_ops(op: str | Sequence[str]) -> list[str]:
     """Operator names from "all", one name, a comma list or a list; an unknown name is an
     :class:`~fuseval.errors.UnknownOperatorError` naming the known ones."""
-    from .. import operators
     known = operators.names()
     if isinstance(op, str):
         names = known if op == "all" else [p.strip() for p in op.split(",") if p.strip()]
@@ -127,7 +133,6 @@ def device_name(value: str) -> str:
 def resolve_device(device: str) -> str:
     """The device after the check's resolution; no CUDA device is the gate's own error."""
     import torch
-    from ..check import resolve_device as check_device
     try:
         resolved = check_device(device_name(device))
     except NoDeviceError:
@@ -158,8 +163,6 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
     """Validate the options that do not depend on the operator. A number of seeds becomes
     the seeds themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at
     random when not given, so that no run's inputs can be known before it."""
-    from ..runner.isolation import requested
-    from ..stats import DEFAULT_WARN_MARGIN
     prof = profile_of(profile)
     dev = resolve_device(device or prof.device)
     if mode not in ("benchmark", "realistic"):
@@ -170,8 +173,6 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
     if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
                                 or timeout < 0 or not math.isfinite(timeout)):
         raise UsageError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
-    from ..check import draw_seed, validate_seed
-    from ..stats import seed_list
     seeds = prof.seeds if seeds is None else _seeds(seeds)
     if isinstance(seeds, int):
         try:
@@ -189,7 +190,6 @@ def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict
 
 def _selection(given: Any, n: int, what: str) -> Any:
     """A case selection the user gave, checked against the operator's ``n`` cases."""
-    from ..check import validate_selection
     with user_input(what):
         validate_selection(given, n)
     return given
@@ -201,10 +201,8 @@ def _profile_cases(cases: tuple[int, ...] | None, n: int) -> list[int] | None:
 
 def _budget_for(op: str, s: Settings, defn: Any) -> tuple[Any, str | None]:
     """(the budget to hand to run_budget, why the budget is not run for ``op`` or None)."""
-    from .. import operators
     if s.budget is None:
         return None, (None if operators.spec(op).budget_path() else "the operator ships no budget file")
-    from ..budget import load_budget
     try:
         return load_budget(s.budget, defn), None
     except (ValueError, OSError) as exc:
@@ -215,8 +213,6 @@ def context(op: str, impl: str | Callable, s: Settings) -> GateContext:
     """The context of ``op``: its configurations, case selections and budget validated,
     and the implementation loaded (in its worker when isolated), so that a mistake in any
     of them is found before the run."""
-    from ..operators import load
-    from ..operators.implementations import impl_label
     config = s.config or s.profile.config
     budget_config = s.budget_config or s.config or s.profile.budget_config
     with user_input("config"):
@@ -249,8 +245,6 @@ def load_implementation(defn: Any, impl: str | Callable, device: str, isolate: b
     """Fail early when the implementation does not import (ImplementationError, exit 4):
     isolated, by starting its worker (which imports it there and then serves the run),
     otherwise here."""
-    from ..runner.isolation import decide, worker_for
-    from ..operators.implementations import resolve_impl
     try:
         if decide(impl, isolate):
             worker_for(impl, defn, device)

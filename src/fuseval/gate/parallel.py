@@ -39,6 +39,11 @@ from typing import Any, Callable, Sequence
 
 from .context import GateContext
 from .results import ComponentResult
+from ..errors import EXIT_INTERNAL
+from ..torch_flags import tf32_is_off
+from .components import run_guarded
+from .context import context, settings
+from .results import TestResult
 
 __all__ = ["by_operator", "default_jobs", "gpu_assignment", "run_operators", "run_units"]
 
@@ -117,8 +122,6 @@ def _run_unit(options: dict, op: str, component: str) -> bytes:
     """One component of one operator, in a pool process (its context built once per
     operator); its ComponentResult pickled, once (the report object it carries left out
     when it does not pickle: its data comes back all the same)."""
-    from .context import context, settings
-    from .components import run_guarded
     ctx = _contexts.get(op)
     if ctx is None:
         ctx = _contexts[op] = context(op, options["impl"], settings(**options["settings"], progress=_progress))
@@ -138,7 +141,6 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
     ``options``: the implementation and the keyword arguments of ``settings`` (all but
     ``progress``) that this process validated. On a machine with a GPU for every process,
     each pool process runs on a GPU of its own (:func:`gpu_assignment`)."""
-    from .components import run_guarded
     order = sorted(range(len(units)), key=lambda i: -_WEIGHT.get(units[i][1], 1))
     lock = threading.Lock()
     results: list[ComponentResult | None] = [None] * len(units)
@@ -196,7 +198,6 @@ def by_operator(units: Sequence[tuple[GateContext, str]], device: str, isolated:
     :func:`run_units` gives every pool process its own GPU). On a GPU also only while
     TF32 is off (:mod:`fuseval.torch_flags`): the float32 references that the threads run
     here would otherwise read TF32 on or off as another thread's block sets it."""
-    from ..torch_flags import tf32_is_off
     n = len({ctx.op for ctx, _ in units})
     return (isolated and n > 1 and n >= jobs and gpu_assignment(device, jobs) is None
             and (device == "cpu" or tf32_is_off()))
@@ -239,7 +240,6 @@ def _run_operator(units: Sequence[tuple[GateContext, str]], idx: list[int], resu
 
 
 def _run_in_turn(units: Sequence[tuple[GateContext, str]], idx: list[int], results: list) -> None:
-    from .components import run_guarded
     pending = list(idx)
     while pending:
         for i in pending:
@@ -285,8 +285,6 @@ def run_operators(units: Sequence[tuple[GateContext, str]], jobs: int) -> list[C
 
 def _lost(ctx: GateContext, name: str, exc: Exception) -> ComponentResult:
     """The result of a unit whose pool process died (killed, out of memory): an error (exit 70)."""
-    from ..errors import EXIT_INTERNAL
-    from .results import TestResult
     msg = f"{name}: the gate's worker process running it died ({type(exc).__name__}: {exc})"
     return ComponentResult(ctx.op, name, "error", msg[:300], exit_code=EXIT_INTERNAL, messages=[msg],
                            tests=[TestResult(name, "error", 0.0, msg, msg)])

@@ -6,12 +6,15 @@ import math
 import os
 import xml.etree.ElementTree as ET
 from typing import TYPE_CHECKING, Any, Iterator, TextIO
+from ..check import TIMING_KEYS
+from ..errors import EXIT_INTERNAL
+from ..jsonio import jsonable
+from ..terminal import console, fmt_number
 
 if TYPE_CHECKING:        # annotations only: the report objects call these renderings
     from .results import ComponentResult, GateReport
 
 def _num(x: float, digits: int = 3) -> str:
-    from ..terminal import fmt_number
     return fmt_number(x, digits - 1, "g")
 
 
@@ -31,7 +34,6 @@ def verdict(report: GateReport) -> str:
 def timing_line(c: ComponentResult) -> str:
     """"check: T s (inputs T, oracle T, impl T, compare T, hygiene T)", T in seconds: the
     component's wall time and, where it has one, the breakdown by activity."""
-    from ..check import TIMING_KEYS        # a check's breakdown first, in its order
     line = f"{c.name}: {_num(c.seconds)} s"
     if c.timings:
         keys = [k for k in TIMING_KEYS if k in c.timings] + sorted(set(c.timings) - set(TIMING_KEYS))
@@ -40,7 +42,6 @@ def timing_line(c: ComponentResult) -> str:
 
 
 def report_dict(report: GateReport) -> dict[str, Any]:
-    from ..jsonio import jsonable
     return jsonable({
         "schema_version": 1, "tool": "fuseval gate", "ops": report.ops, "impl": report.impl,
         "profile": report.profile, "device": report.device, "strict": report.strict,
@@ -187,8 +188,6 @@ def print_summary(report: GateReport, stream: TextIO | None = None, max_findings
     findings of each problem, the traceback of a component that crashed (a bug in fuseval)."""
     from rich.markup import escape
     from rich.table import Table
-    from ..errors import EXIT_INTERNAL
-    from ..terminal import console
     out = console(stream)
     plain = dict(markup=False, highlight=False)
     table = Table(title=f"fuseval gate: impl={report.impl} profile={report.profile} device={report.device}",

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from ..errors import EXIT_OK, gate_exit_code
+from ..errors import OutputError, resource_message
+from ..jsonio import dumps
+from .render import junit_xml, markdown, print_summary, report_dict, save, text
 
 # exit codes that mean "the gate's input is wrong": they outrank every verdict
 STATUSES = ("pass", "warn", "fail", "error", "skipped")
@@ -103,27 +106,21 @@ class GateReport:
 
     # ---- renderings (fuseval.gate.render)
     def to_dict(self) -> dict[str, Any]:
-        from .render import report_dict
         return report_dict(self)
 
     def to_json(self) -> str:
-        from ..jsonio import dumps
         return dumps(self.to_dict(), indent=1)
 
     def to_markdown(self) -> str:
-        from .render import markdown
         return markdown(self)
 
     def to_junit_xml(self) -> str:
-        from .render import junit_xml
         return junit_xml(self)
 
     def save(self, out: str) -> dict[str, str]:
         """Write junit.xml, gate.json and gate.md into the folder ``out``; an
         :class:`~fuseval.errors.OutputError` when that cannot be done (a machine limit stays
         an OSError, for the command's exit code of its own)."""
-        from ..errors import OutputError, resource_message
-        from .render import save
         try:
             return save(self, out)
         except OSError as exc:
@@ -133,11 +130,9 @@ class GateReport:
 
     def text(self, max_findings: int = 12) -> str:
         """The summary as plain text (for pytest failures and logs)."""
-        from .render import text
         return text(self, max_findings)
 
     def print_summary(self, stream: TextIO | None = None, max_findings: int = 12) -> None:
         """One screen: a table of components, a timing line per component, then the first
         findings of each problem."""
-        from .render import print_summary
         print_summary(self, stream, max_findings)

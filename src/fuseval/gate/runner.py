@@ -12,6 +12,11 @@ from .components import run_guarded
 from .context import COMPONENTS, GateContext, Profile, context, resolve_ops, settings
 from .results import ComponentResult, GateReport, not_run
 from ..terminal import utc_timestamp
+from ..operators import load
+from ..operators.implementations import impl_label, missing_implementation
+from ..runner import isolation
+from ..runner.isolation import decide
+from . import parallel
 
 
 def stderr_progress(stream: TextIO | None = None) -> Callable[[str], None]:
@@ -38,8 +43,6 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
     """Per operator, in order: its context, or (under "all") the components it does not
     run because it has no implementation ``impl``. Every context is built (validated)
     before anything runs."""
-    from ..operators import load
-    from ..operators.implementations import impl_label, missing_implementation
     every = isinstance(op, str) and op == "all"
     reasons = {name: missing_implementation(load(name), impl) if every else None for name in names}
     _prespawn_workers([n for n in names if not reasons[n]], impl, s)
@@ -56,8 +59,6 @@ def _plan(op: str | Sequence[str], names: list[str], impl: Any, s,
 def _prespawn_workers(names: list[str], impl: Any, s) -> None:
     """The implementation's worker processes of every operator spawned side by side before
     the contexts start them one by one (each imports torch meanwhile)."""
-    from ..runner import isolation
-    from ..operators import load
     if len(names) < 2 or not isolation.decide(impl, s.isolate):
         return
     try:
@@ -75,8 +76,6 @@ def _check_jobs(jobs: Any) -> None:
 def _run_plan(plan: list, chosen: list[str], options: dict, s, jobs: int | str) -> list[ComponentResult]:
     """Every component of the plan, in the plan's order: serially, or ``jobs`` at a time
     (:mod:`fuseval.gate.parallel`: a thread per operator, or a pool of processes)."""
-    from . import parallel
-    from ..runner.isolation import decide
     units = [(entry, c) for entry in plan if isinstance(entry, GateContext)
              for c in chosen if c not in entry.not_run]
     isolated = decide(options["impl"], s.isolate)
@@ -184,7 +183,6 @@ def run_gate(op: str | Sequence[str], impl: str | Callable, *, profile: str | Pr
     finally:
         if warm is not None:
             s.progress(warm.stop())
-    from ..operators.implementations import impl_label
     report = GateReport(names, impl_label(impl), s.profile.name, s.device, s.strict, results,
                         time.perf_counter() - t_start, started, seeds=list(s.seeds),
                         seed_drawn=seed is None and not isinstance(seeds, (list, tuple, range)))

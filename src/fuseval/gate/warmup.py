@@ -25,6 +25,9 @@ import os
 import sys
 import time
 from typing import Any, Callable, Sequence
+from ..inputs import generate_inputs
+from ..operators import load
+from ..operators.implementations import resolve_impl
 
 __all__ = ["Warmup", "plan", "shapes", "spawn", "start"]
 
@@ -34,7 +37,6 @@ def shapes(contexts: Sequence[Any], components: Sequence[str] = ("check", "budge
     budget of ``contexts`` will run (those of ``components``): each operator's in the order
     its components reach them, the operators taken in turn (the gate may run them side by
     side, each starting with its first case)."""
-    from ..operators import load
     per_op: list[list[tuple[str, Any, dict]]] = []
     for ctx in contexts:
         seen: set = set()
@@ -70,9 +72,6 @@ def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> 
 def _warm_one(item: tuple, impl: str, device: str, mode: str) -> None:
     """One item of :func:`plan`: a case shape's calls, or an operator's property checks."""
     import torch
-    from ..operators import load
-    from ..inputs import generate_inputs
-    from ..operators.implementations import resolve_impl
     kind, op, config, axes = item
     if kind == "properties":
         from ..properties import check_implementation

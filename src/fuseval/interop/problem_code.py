@@ -41,6 +41,10 @@ from typing import Any, Mapping, Sequence
 from ..errors import exit_code_for, is_out_of_memory
 from ..inputs import input_generator
 from .sol_problem import Problem, ProblemError, read_problem
+from ..runner import in_worker, isolation
+from ..runner.in_worker import note
+from . import lift
+from .lift import LiftReport, LiftResult
 
 __all__ = ["ProblemCodeError", "ProblemCodeViolation", "reference_module", "run_reference", "custom_inputs",
            "serve", "TIMEOUT"]
@@ -120,7 +124,6 @@ def _mode_from(path: str, args: Sequence[Any]):
 
 
 def _reference_here(problem: Problem, inputs: Sequence[Any], lifted: bool, mode: tuple | None):
-    from . import lift
     source = reference_module(problem)
     if not lifted:
         return _guarded(problem, "its reference", lift.run_native, source.run, inputs), None
@@ -197,7 +200,6 @@ def custom_inputs(problem: Problem, axes_and_scalars: Mapping[str, Any], device,
 def runs_here() -> bool:
     """Whether a problem's code runs in this process: inside a worker, or when a Python
     caller turned isolation off (:func:`fuseval.runner.isolation.default_isolation`)."""
-    from ..runner import in_worker, isolation
     return in_worker.IN_WORKER or not isolation.requested(None)
 
 
@@ -276,7 +278,6 @@ def serve(request, *tensors):
     return its tensors; what it says besides goes in the reply's note
     (:func:`fuseval.runner.in_worker.note`). Errors of the problem's code travel in the
     note; running out of memory raises, for the worker to report as such."""
-    from ..runner.in_worker import note
     req = json.loads(bytes(request.numpy()).decode())
     try:
         problem = read_problem(req["directory"])
@@ -313,7 +314,6 @@ def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: st
 
     import torch
 
-    from ..runner import isolation
     if device is None:
         # a GPU worker when any input is on a GPU (a problem may keep small inputs on the CPU)
         device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"),
@@ -350,7 +350,6 @@ def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: st
         return dict(zip([str(n) for n in said.get("names", [])], values)), None
     if not request["lifted"]:
         return tuple(values), None
-    from .lift import LiftReport, LiftResult
     n = int(said.get("n_native", 0))
     report = LiftReport(**{k: v for k, v in (said.get("report") or {}).items()
                            if k in LiftReport.__dataclass_fields__})

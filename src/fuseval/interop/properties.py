@@ -48,6 +48,7 @@ from . import workload_inputs as problem_inputs
 from .tolerance_use import workload_size
 from .problem_code import ProblemCodeError
 from .sol_problem import Problem
+from ..properties import invariants as inv
 
 __all__ = ["problem_hooks", "var_spaces", "SPACE_SCALE", "SPACE_FLOOR"]
 
@@ -166,7 +167,6 @@ def _leading_axes(problem: Problem) -> list[str]:
 def _batch_invariant(axis: str) -> Callable:
     """A metamorphic check: items along ``axis`` are independent, where the oracle's are."""
     def check(example, inputs, impl, defn) -> tuple[str, Callable[[], Any]] | None:
-        from ..properties import invariants as inv
         if example.binding.axes.get(axis, 1) <= 1:
             return None
         tol = defn.nearest_case(example.binding.axes).tolerance

@@ -28,6 +28,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import BadFileError
+from ..definitions import nearest_binding
+from ..inputs import TORCH_DTYPES
 
 __all__ = ["Problem", "Workload", "ProblemError", "read_problem", "module_name",
            "fuseval_tolerance", "TOLERANCE_DEFAULTS", "PROBLEM_PATH_VARIABLE"]
@@ -102,7 +104,6 @@ class Problem:
         workload has (a property test's draw), the descriptors (random, scalar, custom
         inputs) and tolerance of the nearest supported workload
         (:func:`fuseval.definitions.nearest_binding`) with these axes."""
-        from ..definitions import nearest_binding
         missing = [k for k in self.var_axes if k not in var_axes]
         if missing:
             raise ValueError(f"problem {self.name!r}: var axes {missing} are not bound (given {dict(var_axes)})")
@@ -426,7 +427,6 @@ def _fixed_scalar(problem: Problem, name: str) -> Any:
 def _representable(problem: Problem) -> None:
     """Raise for a tensor dtype fuseval's checks do not know (every dtype the reader
     accepts is known today: this guards the two tables against drifting apart)."""
-    from ..inputs import TORCH_DTYPES
     where = f"{problem.directory}/definition.json"
     for kind, tensors in (("input", problem.inputs), ("output", problem.outputs)):
         for name, t in tensors.items():

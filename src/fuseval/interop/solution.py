@@ -32,6 +32,8 @@ import torch
 
 from ..errors import ImplementationError
 from .sol_problem import Problem
+from ..definitions import evaluate_expression
+from .workload_inputs import TORCH_DTYPES, to_benchmark
 
 __all__ = ["find_solutions", "load_solution", "PYTHON_LANGUAGES", "CPP_LANGUAGES"]
 
@@ -172,7 +174,6 @@ def _cpp_entry(folder: str, doc: dict[str, Any], function: str, path: str) -> Ca
 
 
 def _axes(problem: Problem, args) -> dict[str, int]:
-    from ..definitions import evaluate_expression
     bound = {n: a["value"] for n, a in problem.axes.items() if a["type"] == "const"}
     for (name, spec), value in zip(problem.inputs.items(), args):
         if spec["shape"] and isinstance(value, torch.Tensor):
@@ -186,8 +187,6 @@ def _axes(problem: Problem, args) -> dict[str, int]:
 
 
 def _allocate(problem: Problem, args, device) -> list[torch.Tensor]:
-    from ..definitions import evaluate_expression
-    from .workload_inputs import TORCH_DTYPES
     bound = _axes(problem, args)
     outs = []
     for spec in problem.outputs.values():
@@ -204,7 +203,6 @@ def _allocate(problem: Problem, args, device) -> list[torch.Tensor]:
 
 def load_solution(path: str, problem: Problem) -> Callable:
     """The implementation of the solution file ``path`` for ``problem`` (module docstring)."""
-    from .workload_inputs import to_benchmark
     if not os.path.isfile(path):
         raise ImplementationError(f"solution {path!r}: not a file")
     doc = _read(path, problem)

@@ -29,6 +29,8 @@ from ..terminal import fmt_number
 from . import workload_inputs as problem_inputs
 from . import lift
 from .sol_problem import Problem, Workload, fuseval_tolerance, read_problem
+from ..definitions import evaluate_expression
+from .problem_code import run_reference
 
 __all__ = ["WorkloadUse", "ToleranceUse", "tolerance_use", "select_workloads", "workload_size"]
 
@@ -83,7 +85,6 @@ class ToleranceUse:
 
 def workload_size(problem: Problem, workload: Workload) -> int:
     """Elements of all tensor inputs of a workload (to pick the smallest)."""
-    from ..definitions import evaluate_expression
     axes = {n: a["value"] for n, a in problem.axes.items() if a["type"] == "const"}
     axes.update(workload.axes)
     for n, a in problem.axes.items():
@@ -134,7 +135,6 @@ def _bound_use(native: torch.Tensor, oracle: torch.Tensor, tol: Tolerance) -> fl
 
 def _one_workload(problem: Problem, workload: Workload, seeds: Sequence[int],
                   device: torch.device) -> tuple[WorkloadUse, lift.LiftReport]:
-    from .problem_code import run_reference
     tol = Tolerance(**fuseval_tolerance(workload.tolerance))
     worst: dict[str, Any] | None = None
     failing, report = 0, None

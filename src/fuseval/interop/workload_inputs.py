@@ -35,6 +35,10 @@ import torch
 
 from ..inputs import input_generator
 from .sol_problem import Problem, ProblemError, Workload
+from ..definitions import evaluate_expression
+from ..inputs import dtype_rule
+from .blobs import read_tensor
+from .problem_code import custom_inputs
 
 __all__ = ["draw_inputs", "to_benchmark", "to_fuseval", "TORCH_DTYPES"]
 
@@ -125,7 +129,6 @@ _DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
 def _plain_random(dtype: torch.dtype, shape: tuple[int, ...], g: torch.Generator) -> torch.Tensor | None:
     """The evaluator's rule by dtype alone (:func:`fuseval.inputs.dtype_rule`; None for a
     float format it leaves to the name rules); packed fp4 comes back in torch's fp4 dtype."""
-    from ..inputs import dtype_rule
     value = dtype_rule(_DTYPE_NAMES[dtype], shape, g)
     if value is not None and dtype == torch.float4_e2m1fn_x2:
         value = value.view(torch.float4_e2m1fn_x2)
@@ -157,14 +160,12 @@ def _random_tensor(problem: Problem, name: str, shape: tuple[int, ...], g: torch
 
 
 def _shape(problem: Problem, name: str, axes: Mapping[str, int]) -> tuple[int, ...] | None:
-    from ..definitions import evaluate_expression
     shape = problem.inputs[name]["shape"]
     return None if shape is None else tuple(int(evaluate_expression(d, axes)) for d in shape)
 
 
 def _custom_inputs(problem: Problem, workload: Workload, axes: Mapping[str, int], seed: int,
                    device: torch.device) -> dict[str, Any]:
-    from .problem_code import custom_inputs
     scalars = {n: s["value"] for n, s in workload.inputs.items() if s.get("type") == "scalar"}
     values = custom_inputs(problem, {**axes, **scalars}, device, seed)
     where = f"problem {problem.name!r}: {problem.custom_inputs_entrypoint}()"
@@ -180,7 +181,6 @@ def draw_inputs(problem: Problem, workload: Workload, seed: int,
     """One draw of ``workload``'s inputs by name, as the benchmark passes them (fp4 tensors
     as ``torch.float4_e2m1fn_x2``); custom inputs come from the problem's entry point
     (:func:`fuseval.interop.problem_code.custom_inputs`)."""
-    from ..definitions import evaluate_expression
     device = torch.device(device)
     if workload.unsupported:
         raise ProblemError(f"problem {problem.name!r}, workload line {workload.line}: {workload.unsupported}")
@@ -216,7 +216,6 @@ def _blob_tensor(problem: Problem, workload: Workload, name: str, spec: Mapping,
                  device: torch.device) -> torch.Tensor:
     """Input ``name`` read from its safetensors blob, checked against the definition's
     dtype and the workload's shape (the same tensor on every seed)."""
-    from .blobs import read_tensor
     t = read_tensor(problem.directory, name, spec, device)
     where = f"problem {problem.name!r}, workload line {workload.line}, input {name!r} ({spec['path']})"
     want = TORCH_DTYPES[problem.inputs[name]["dtype"]]

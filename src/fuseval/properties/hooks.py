@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from .. import operators
 
 if TYPE_CHECKING:                     # annotations only: strategies imports this module
     from hypothesis.strategies import SearchStrategy
@@ -209,7 +210,6 @@ _DEFAULT = PropertyHooks()
 def hooks_of(op: str) -> PropertyHooks:
     """The property hooks of operator ``op`` (its spec's ``properties``; the defaults when
     it names none). An unknown operator is an ``UnknownOperatorError``."""
-    from .. import operators
     spec = operators.spec(op)
     found = spec.property_hooks()
     if found is None:

@@ -54,6 +54,8 @@ from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
 from ..memory import DRAW_COPIES, draw_bytes
 from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of
 from .profiles import SPACES, Space
+from ..definitions import evaluate_expression
+from ..operators import spec
 
 __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_COPIES", "recipes", "inputs", "examples",
            "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
@@ -150,7 +152,6 @@ def _fits(binding: Binding, limit: int | None, max_bytes: int | None = None,
           relations: Sequence[str] = ()) -> bool:
     """Within the definition's constraints, the space's relations and, with ``limit``,
     that many input elements, and with ``max_bytes``, that much memory (:func:`draw_bytes`)."""
-    from ..definitions import evaluate_expression
     try:
         defn = binding.definition()
         axes = defn.resolve_axes(binding.axes)
@@ -400,7 +401,6 @@ class Example:
 
 def _problem_args(op: str) -> list[str]:
     """``--problem DIR`` where ``op`` is a problem folder's (a command registers it first)."""
-    from ..operators import spec
     directory = getattr(spec(op), "directory", None)
     return ["--problem", directory] if directory else []
 

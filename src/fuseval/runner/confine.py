@@ -44,6 +44,7 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
+from ..errors import ResourceLimitError
 
 __all__ = ["Plan", "Applied", "probe", "enter", "MECHANISMS", "confinement", "ConfinementWarning", "warn_missing",
            "ensure_open_files", "cache_folder", "MIN_OPEN_FILES"]
@@ -351,7 +352,6 @@ def ensure_open_files(need: int = MIN_OPEN_FILES) -> None:
     """Raise the soft open-file limit to ``need`` where the hard limit allows it; a
     :class:`~fuseval.errors.ResourceLimitError` saying what to do where it does not."""
     import resource
-    from ..errors import ResourceLimitError
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return

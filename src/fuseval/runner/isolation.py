@@ -50,6 +50,8 @@ from typing import Any, Sequence
 from .confine import ConfinementWarning, confinement
 from .worker import MAX_REPLY_BYTES, CallResult, Worker
 from .in_worker import describe_exception, impl_error_location, is_oom
+from ..operators.implementations import impl_label
+from ..validate import bind_axes, expected_outputs
 
 __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "IsolationWarning", "worker_for",
            "session", "close_all", "can_isolate", "decide", "requested", "default_isolation",
@@ -89,7 +91,6 @@ class IsolationWarning(UserWarning):
 
 
 def _label(impl: Any) -> str:
-    from ..operators.implementations import impl_label
     return impl_label(impl)
 
 
@@ -257,7 +258,6 @@ class IsolatedImpl:
     def _expected(self, inputs):
         """(shape, dtype) of each output the definition gives for these inputs: what
         bounds the buffers fuseval allocates for the answer and its taps."""
-        from ..validate import bind_axes, expected_outputs
         defn = self.worker.defn
         try:
             return expected_outputs(defn, bind_axes(defn, inputs, check_values=False))

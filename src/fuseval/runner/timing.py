@@ -25,6 +25,11 @@ import secrets
 import statistics
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+from ..comparison import compare
+from ..hygiene import input_groups
+from ..inputs import generate_inputs
+from . import clock
+from .worker import Worker
 
 
 __all__ = ["TimedRun", "time_impl", "judge", "ROTATION_SETS", "CHECKED_CALLS", "WATCHED_CALLS", "FLOOR_MARGIN",
@@ -90,7 +95,6 @@ def activation_index(defn, inputs: Sequence[Any]) -> int | None:
     """The input the rotation rewrites before every call: the first activation (an input
     whose shape follows a var axis) that is a floating tensor of at least 16 bits."""
     import torch
-    from ..hygiene import input_groups
     for i in input_groups(defn)["activations"]:
         t = inputs[i]
         if isinstance(t, torch.Tensor) and t.dtype.is_floating_point and t.element_size() >= 2 and t.numel():
@@ -100,7 +104,6 @@ def activation_index(defn, inputs: Sequence[Any]) -> int | None:
 
 def rotation_sets(defn, case, *, seed: int, mode: str, device) -> list[list[Any]]:
     """:data:`ROTATION_SETS` input sets of one case, each drawn from a seed of its own."""
-    from ..inputs import generate_inputs
     return [generate_inputs(defn, case.axes, seed=seed + case.index + 7919 * j, mode=mode, device=device)
             for j in range(ROTATION_SETS)]
 
@@ -120,8 +123,6 @@ def time_impl(runner: Any, defn, case, *, seed: int, mode: str, device, referenc
     this process) on ``case`` and judge the run. ``rules``: the timer's (warm-up, reps,
     flush). The timed calls' inputs are rebuilt here for the checked ones."""
     import torch
-    from . import clock
-    from .worker import Worker
     device = torch.device(device)
     sets = rotation_sets(defn, case, seed=seed, mode=mode, device=device)
     act = activation_index(defn, sets[0])
@@ -166,8 +167,6 @@ def time_impl(runner: Any, defn, case, *, seed: int, mode: str, device, referenc
 def _check_calls(defn, sets, act, run_seed, first_call, picks, got, reference, tolerance) -> list[tuple[str, str]]:
     """The checked timed calls against the oracle on each call's own inputs."""
     import torch
-    from ..comparison import compare
-    from . import clock
     found = []
     for i, outs in zip(picks, got):
         k = first_call + i

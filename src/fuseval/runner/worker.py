@@ -18,6 +18,7 @@ from typing import Any, Mapping, Sequence
 from .in_worker import child_main
 from .answers import MAX_TAPS, Opaque, output_spec, size_limit, tap_specs
 from . import confine, procs, transport
+from ..operators.implementations import ImplementationError, impl_label
 
 __all__ = ["Worker", "CallResult", "MAX_REPLY_BYTES", "IDLE_CPU_SECONDS", "MAX_TAPS", "START_TIMEOUT"]
 
@@ -156,7 +157,6 @@ class Worker:
             self.proc, self.conn, self.output, self.scratch = spare.proc, spare.conn, spare.output, spare.scratch
         else:
             self.spawn()
-        from ..operators.implementations import ImplementationError
         ready = self._receive(time.monotonic() + START_TIMEOUT)
         if ready.get("status") != "ready":
             text = self.output.take(0.05)
@@ -594,5 +594,4 @@ def _quoted(text: str) -> str:
 
 
 def _label(impl: Any) -> str:
-    from ..operators.implementations import impl_label
     return impl_label(impl)

@@ -45,6 +45,7 @@ import torch
 
 from ...operators import OperatorSpec
 from ..sol_problem import PROBLEM_PATH_VARIABLE, Problem, ProblemError, module_name, read_problem
+from .. import problem_code, solution, workload_inputs as problem_inputs
 
 __all__ = ["remember", "spec_of", "operator_spec", "ProblemSpec"]
 
@@ -122,8 +123,6 @@ def _outputs_to_fuseval(outputs) -> tuple:
 
 
 def _populate(module: types.ModuleType, problem: Problem) -> None:
-    from .. import workload_inputs as problem_inputs
-    from .. import problem_code, solution
 
     solutions = solution.find_solutions(problem.directory)
     table = {}

@@ -23,6 +23,7 @@ import triton
 from .. import load
 from . import _kernels as K
 from ._quant import DEFAULT_QUANT_CONFIG, QuantConfig, quantize_rows
+from ...validate import bind_axes
 
 NAME = "nvfp4_qkv_rope"
 UNBOUNDED = 1 << 62            # max_tokens of a table's last row
@@ -206,7 +207,6 @@ _PLANS: dict[tuple, Plan] = {}
 def bind(inputs, check_values: bool) -> dict[str, int]:
     """Axis binding of ``inputs``; ValueError naming the input on any mismatch."""
     global _DEFN
-    from ...validate import bind_axes
     if _DEFN is None:
         _DEFN = load(NAME)
     return bind_axes(_DEFN, inputs, check_values=check_values)

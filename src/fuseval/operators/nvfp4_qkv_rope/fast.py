@@ -33,6 +33,8 @@ from ._launch import H200_TABLE, UNBOUNDED, KernelConfig, as_table, gemm, pick_c
 from ._quant import DEFAULT_QUANT_CONFIG, ActQuant, QuantConfig, act_quant
 from ...validate import storage_views
 from ._staged import STAGES, STAGES_W4A16, forward_staged
+from ...bench.parts import Part
+from . import reference
 
 NAME = "nvfp4_qkv_rope"
 
@@ -87,8 +89,6 @@ def parts(*inputs, config=None, quant_config: QuantConfig | None = None) -> dict
     quantizer's two launches, the weights' predecode riding in the first) and ``gemm`` (the
     fused GEMM with its norm/RoPE epilogue, on that quantizer's xs and decoded weights).
     Both run the production launch code with the tables in force."""
-    from ...bench.parts import Part
-    from . import reference
     quant_config = quant_config or DEFAULT_QUANT_CONFIG
     table = as_table(config)
     p = _launch.plan(inputs, K.MODE_FULL, table, 0, False, False)

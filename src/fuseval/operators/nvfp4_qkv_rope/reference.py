@@ -26,6 +26,7 @@ from .. import load
 from ...refimpl import nvfp4
 from ...refimpl import stages as st
 from ...validate import accepts_benchmark_dtypes
+from ...inputs import input_generator
 
 NAME = "nvfp4_qkv_rope"
 
@@ -324,7 +325,6 @@ def benchmark_inputs(defn, axes: Mapping[str, int], seed: int, device="cpu") -> 
     (``nvfp4.quantize_activations``: positive e4m3 block scales, global decode scale
     amax(W) / 2688); norm weights ones; eps 1e-6. One generator per input name, on
     ``device``."""
-    from ...inputs import input_generator
     out: dict[str, Any] = {}
     for spec in defn.inputs:
         if spec.name in out:

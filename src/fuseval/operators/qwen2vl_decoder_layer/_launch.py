@@ -18,6 +18,7 @@ import triton
 from . import _attention as A
 from . import _kernels as K
 from ._plans import NAME, AttnConfig, GemmConfig, Plan, Shape, sm_count
+from . import _gluon
 
 LOG2E = 1.4426950408889634
 
@@ -229,7 +230,6 @@ def _launch_persistent(a, b1, b2, res, out, c: GemmConfig, precision: str, *, ga
 
 
 def _launch_gluon(a, b1, b2, res, out, c: GemmConfig, *, gate_up: bool, round_out: bool = False) -> None:
-    from . import _gluon
     _gluon.launch(a, b1, b2, res, out, block_m=c.BM, block_n=c.BN, block_k=c.BK, stages=c.num_stages,
                   group_m=c.GROUP_M, num_warps=c.num_warps, n_programs=_persistent_programs(a),
                   gate_up=gate_up, round_out=round_out, compile_only=_COMPILE_ONLY[0])

@@ -93,6 +93,7 @@ from ._launch import (compile_only, interpreting, launch_attention, launch_gate_
                       launch_norm, launch_qkv, launch_residual_gemm, launch_swiglu, launch_to_fp16)
 from ._plans import (MROPE_LAYOUTS, NAME, PRECISIONS, AttnConfig, GemmConfig, Plan, Shape, Tables,
                      check_choice, plan_for)
+from .. import load
 
 __all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "MUTANTS",
            "PRECISIONS", "DEFAULT_PRECISION", "MROPE_LAYOUTS", "STAGES", "options", "with_tables", "tables",
@@ -185,7 +186,6 @@ def with_tables(tables: Tables | Mapping[str, Any] | str, precision: str = "tf32
 # --------------------------------------------------------------------------- inputs
 @functools.lru_cache(maxsize=1)
 def _definition():
-    from .. import load
     return load(NAME)
 
 

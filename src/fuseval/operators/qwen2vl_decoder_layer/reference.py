@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from .. import load
 from ...refimpl import stages as st
 from ...torch_flags import matmul_flags
+from ...inputs import default_realistic_inputs, positions_to_cos_sin
 
 NAME = "qwen2vl_decoder_layer"
 
@@ -285,7 +286,6 @@ def mrope_positions(batch: int, seq_len: int) -> torch.Tensor:
 def realistic_inputs(defn, axes, seed, device="cpu") -> dict[str, Any]:
     """Benchmark-style weights and activations; norm weights near 1; cos/sin of real
     multimodal position ids (rope_theta from the definition)."""
-    from ...inputs import default_realistic_inputs, positions_to_cos_sin
     values = default_realistic_inputs(defn, axes, seed, device)
     pos = mrope_positions(axes["batch_size"], axes["kv_seq_len"])
     cos, sin = positions_to_cos_sin(pos, axes["head_dim"], float(defn.realistic.get("rope_theta", 1e6)))
