@@ -3,12 +3,20 @@
 Without a CUDA device, Triton kernels run through the interpreter, which must be chosen
 before triton is first imported."""
 import os
+import sys
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The tests are grouped by area (tests/<area>/, mirroring fuseval's packages); the modules
+# they share (bounds, op_invariants, problem_folders, the hookless operator, ...) are in
+# tests/helpers/, imported by their plain names whatever the import mode.
+_HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
+if _HELPERS not in sys.path:
+    sys.path.insert(0, _HELPERS)
 
 
 # Hypothesis profiles of the property suite (fuseval.properties.profiles): ``ci``, ``dev``,

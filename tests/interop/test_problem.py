@@ -15,7 +15,7 @@ import fuseval
 from fuseval.interop import inputs as problem_inputs
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, TOLERANCE_DEFAULTS, ProblemError, read_problem
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 RMSNORM = os.path.join(DATA, "rmsnorm")
 GEMM = os.path.join(DATA, "gemm_custom_inputs")
 BF16_INSIDE = os.path.join(DATA, "bf16_inside")

@@ -24,7 +24,7 @@ from fuseval.errors import (EXIT_CHECK_FAILED, EXIT_HYGIENE, EXIT_RESOURCE_LIMIT
 from fuseval.runner import confine
 
 OP = "nvfp4_qkv_rope"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # the device the hostiles run on (FUSEVAL_TEST_DEVICE=cuda on a GPU machine)
 DEVICE = os.environ.get("FUSEVAL_TEST_DEVICE", "cpu")

@@ -17,7 +17,7 @@ from fuseval.interop.problem_code import reference_module
 from fuseval.interop.sol_problem import read_problem
 from fuseval.validate import bind_axes
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 INT_BOOL = os.path.join(DATA, "int_bool_0d")
 
 

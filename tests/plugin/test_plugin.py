@@ -11,7 +11,7 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 OP = "nvfp4_qkv_rope"
 
 KERNELS = '''

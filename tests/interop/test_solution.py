@@ -14,7 +14,7 @@ from fuseval.errors import ImplementationError
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, read_problem
 from fuseval.interop.solution import find_solutions, load_solution
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 RMSNORM = os.path.join(DATA, "rmsnorm")
 
 GOOD_KERNEL = ("import torch\n\n\ndef run(hidden_states, weight, eps, output):\n"

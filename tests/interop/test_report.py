@@ -14,7 +14,7 @@ from fuseval.interop.crosscheck import ORACLE_RTOL, crosscheck
 from fuseval.interop.report import select_workloads, tolerance_use
 from fuseval.interop.sol_problem import PROBLEM_PATH_VARIABLE, read_problem
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 NVFP4_SMALL = os.path.join(DATA, "nvfp4_qkv_rope_small")
 
 

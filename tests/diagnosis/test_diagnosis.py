@@ -20,7 +20,7 @@ from fuseval.inputs import generate_inputs
 from fuseval.ops import resolve_impl
 from fuseval.properties.mutants import catalogue
 
-HERE = os.path.dirname(__file__)
+HERE = os.path.dirname(os.path.dirname(__file__))  # tests/
 SRC = os.path.join(os.path.dirname(HERE), "src")
 CASE = {M.B_OP: 4, M.A_OP: 10, M.R_OP: 3}      # seq 16 x batch 4; seq 32; seq 8 x batch 4
 
@@ -269,7 +269,7 @@ def test_imported_problem_anatomy_and_generic_epsilon():
 
 # --------------------------------------------------------------------------- check and the CLI
 def test_check_prints_a_short_diagnosis_and_json_has_it(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, HERE]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.path.join(HERE, "helpers")]))
     out = subprocess.run([sys.executable, "-m", "fuseval.cli", "check", "--op", M.B_OP, "--impl",
                           "diagnosis_mistakes:b_head_sign_flipped", "--config", "small", "--cases", "4",
                           "--in-process", "--no-hygiene", "--json", str(tmp_path / "r.json")],
@@ -282,7 +282,7 @@ def test_check_prints_a_short_diagnosis_and_json_has_it(tmp_path):
 
 
 def test_diagnose_command_writes_plots(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, HERE]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([SRC, os.path.join(HERE, "helpers")]))
     out = subprocess.run([sys.executable, "-m", "fuseval.cli", "diagnose", "--op", M.B_OP, "--impl",
                           "diagnosis_mistakes:b_head_uses_other_weights", "--config", "small", "--case", "4",
                           "--in-process", "--out", str(tmp_path / "d")],

@@ -23,7 +23,7 @@ from fuseval.properties import strategies as S
 from fuseval.properties.fast_vs_reference import _metamorphic
 from fuseval.properties.hooks import PropertyHooks, RecipeFeature, hooks_of
 
-ENGINE = pathlib.Path(__file__).resolve().parents[1] / "src" / "fuseval" / "properties"
+ENGINE = pathlib.Path(__file__).resolve().parents[2] / "src" / "fuseval" / "properties"
 
 
 # --------------------------------------------------------------------------- no names in the engine

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "docs" / "diagnosis.ipynb"
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "docs" / "diagnosis.ipynb"
 
 
 def test_diagnosis_notebook_executes_and_plots(tmp_path):

@@ -25,7 +25,7 @@ from fuseval.errors import EXIT_BAD_FILE, EXIT_CHECK_FAILED, EXIT_TAMPERED
 from fuseval.runner import confine
 from problem_folders import tensor, workload, write_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the confinement is Linux's"),
               pytest.mark.skipif(not (confine.probe().seccomp and confine.probe().landlock_abi),

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "docs" / "error_analysis.ipynb"
+NOTEBOOK = pathlib.Path(__file__).resolve().parents[2] / "docs" / "error_analysis.ipynb"
 
 
 def test_notebook_executes_and_plots(tmp_path, monkeypatch):

@@ -23,7 +23,7 @@ import torch
 from fuseval import operators
 from fuseval.ops import get
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "benchmarks"
 # the operators shipped with fuseval (tests may register toy operators of their own)
 OPS = [op for op in operators.names() if operators.spec(op).package.startswith("fuseval.operators.")]

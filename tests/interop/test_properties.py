@@ -20,7 +20,7 @@ from fuseval.properties import check_implementation, hooks_of
 from fuseval.properties.satisfiable import UnsatisfiableAxes
 from fuseval.properties.strategies import axis_bindings
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 RMSNORM = os.path.join(DATA, "rmsnorm")
 INT_BOOL = os.path.join(DATA, "int_bool_0d")
 

@@ -12,7 +12,7 @@ from fuseval.interop.problem_code import reference_module
 from fuseval.interop.sol_problem import read_problem
 from fuseval.refimpl import nvfp4
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "sol_problems")
+DATA = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "sol_problems")
 
 
 def test_a_cast_to_bf16_inside_is_lifted():
