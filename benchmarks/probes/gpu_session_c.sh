@@ -9,7 +9,7 @@ export PYTHONPATH=$PWD/src:$PWD/benchmarks/probes:$PWD/tests
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,power.limit --format=csv > "$OUT/smi.csv" 2>&1
 if [ "${1:-bench}" = bench ]; then
     t0=$(date +%s)
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_nvfp4_qkv_rope.py tests/test_bench.py \
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/fast/test_fast_nvfp4_qkv_rope.py tests/bench/test_bench.py \
         -k "parts or bench" > "$OUT/gpu_tests.txt" 2>&1
     echo "gpu tests rc=$? ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/gpu_tests.txt")"
     t0=$(date +%s)

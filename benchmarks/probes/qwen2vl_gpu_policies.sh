@@ -21,7 +21,7 @@ timeout "$BENCH_S" python3 -m fuseval.cli bench --op qwen2vl_decoder_layer --imp
     --check --out "$OUT/bench" --no-plot --sustained-s 3 --rep-ms 100 > "$OUT/bench.log" 2>&1
 echo "bench rc=$? after $(( $(date +%s) - t0 )) s"
 if [ "$PYTEST_S" -gt 0 ]; then
-    timeout "$PYTEST_S" python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fast_qwen2vl_decoder_layer.py \
+    timeout "$PYTEST_S" python3 -m pytest -q -p no:cacheprovider -m gpu tests/fast/test_fast_qwen2vl_decoder_layer.py \
         > "$OUT/pytest_gpu.log" 2>&1
     echo "pytest rc=$? after $(( $(date +%s) - t0 )) s: $(tail -1 "$OUT/pytest_gpu.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_gpu.log" | head -10

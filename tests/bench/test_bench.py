@@ -253,7 +253,7 @@ def test_bench_command_skips_cleanly_without_a_gpu(tmp_path, capsys):
 @no_cuda
 def test_run_bench_skips_cuda_without_a_gpu():
     """Asked for the GPU where there is none, the bench skips; the CPU timer (for tests)
-    is only ever asked for by name (tests/test_bench_exploits.py)."""
+    is only ever asked for by name (tests/bench/test_bench_exploits.py)."""
     with pytest.raises(bench.BenchSkipped):
         bench.run_bench("nvfp4_qkv_rope", device="cuda")
 

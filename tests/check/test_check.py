@@ -678,7 +678,7 @@ def test_a_later_call_with_wrong_shapes_is_bad_outputs():
 
 @pytest.fixture
 def hookless():
-    """The test operator of tests/hookless_operator (residual add + RMSNorm), registered
+    """The test operator of tests/helpers/hookless_operator (residual add + RMSNorm), registered
     for one test: its only weights are norm weights, ones in benchmark mode."""
     import hookless_operator as toy
     from fuseval import definitions, operators

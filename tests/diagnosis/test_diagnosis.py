@@ -1,5 +1,5 @@
 """The diagnosis of failing cases (fuseval.diagnosis): anatomy of independently written
-mistakes (tests/diagnosis_mistakes.py, none from a catalogue), mutants diagnosed as
+mistakes (tests/helpers/diagnosis_mistakes.py, none from a catalogue), mutants diagnosed as
 themselves, precision diagnosed as precision, imported problems, check and CLI hooks.
 Every case draws fresh inputs from a random seed and compares against the float64 oracle."""
 from __future__ import annotations

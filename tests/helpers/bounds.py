@@ -1,5 +1,5 @@
 """Derived bounds on the float32 reference's error against the float64 oracle (test-only:
-tests/test_properties_invariants.py checks the two operators' float32 references with them;
+tests/properties/test_invariants.py checks the two operators' float32 references with them;
 nothing in fuseval calls them, so they live with the tests).
 
 The float32 reference (``reference(..., dtype=torch.float32)``) runs the very formulas of

@@ -1,5 +1,5 @@
 """Metamorphic properties of the two operators' references and of their stages: test-only
-(tests/test_properties_invariants.py), moved out of the library since nothing in fuseval
+(tests/properties/test_invariants.py), moved out of the library since nothing in fuseval
 calls them. The invariants ``check_implementation`` runs live in the library
 (fuseval.properties.invariants: the machinery and batch independence) and in the operator
 packages (causality of the decoder layer, NaN poisoning of the NVFP4 projection); they are

@@ -218,7 +218,7 @@ def test_check_of_a_custom_input_problem_in_a_worker_process(register):
 
 def test_integer_and_zero_d_tensors_are_held(tmp_path, register):
     # once refused ("fuseval's definitions do not represent yet"): an int64 input and a 0-d
-    # tensor are now checked (tests/test_interop_dtypes.py has the details)
+    # tensor are now checked (tests/interop/test_dtypes.py has the details)
     definition = {"name": "test_int_and_zero_d", "axes": {"n": {"type": "const", "value": 4}},
                   "inputs": {"idx": {"shape": ["n"], "dtype": "int64"}, "s": {"shape": [], "dtype": "float32"}},
                   "outputs": {"y": {"shape": ["n"], "dtype": "float32"}},

@@ -1,6 +1,6 @@
-"""Metamorphic properties of the references (tests/op_invariants.py, with the library's
+"""Metamorphic properties of the references (tests/helpers/op_invariants.py, with the library's
 batch independence and the operators' own invariants), and the derived float32-vs-float64
-bounds (tests/bounds.py).
+bounds (tests/helpers/bounds.py).
 
 Each property is checked on drawn inputs against the oracle, and put to a broken variant
 that must violate it (the `test_*_rejects_*` tests), so no property passes vacuously."""
@@ -394,7 +394,7 @@ def test_layer_relative_position_rejects_interleaved_rope(op):
 @given(ex=hst.one_of(_examples(OP_A), _examples(OP_B)))
 def test_fp32_reference_within_derived_bounds(ex):
     """|reference_f32 - reference_f64| <= the end-to-end bound derived in
-    tests/bounds.py, element by element, before and (op B) after the final bf16
+    tests/helpers/bounds.py, element by element, before and (op B) after the final bf16
     rounding; and every stage run in float32 from the oracle's exact stage inputs stays
     within its stage-local bound."""
     x = ex.tensors()

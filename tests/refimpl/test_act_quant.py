@@ -1,5 +1,5 @@
 """The benchmark's NVFP4 activation quantizer (fuseval.refimpl.nvfp4.quantize_activations)
-against two independent implementations (tests/act_quant_independent.py): codes, block
+against two independent implementations (tests/helpers/act_quant_independent.py): codes, block
 scales and the global decode scale equal bit for bit."""
 from __future__ import annotations
 

@@ -191,7 +191,7 @@ def dequant_loops(packed: torch.Tensor, scale: torch.Tensor, gs: float) -> np.nd
 
 def act_quant_loops(x: torch.Tensor) -> np.ndarray:
     """x_hat [B, S, H]: the benchmark's quantizer over all B*S tokens (one global amax),
-    per element (tests/act_quant_independent.py), decoded one element at a time."""
+    per element (tests/helpers/act_quant_independent.py), decoded one element at a time."""
     B, S, H = x.shape
     codes, scales, gd = quantize_loops(x.float().reshape(B * S, H))
     out = np.zeros((B * S, H))

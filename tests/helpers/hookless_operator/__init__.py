@@ -1,6 +1,6 @@
 """A third operator for the property engine's tests: fused residual add + RMSNorm, with
 no property hooks and no mutant catalogue (its spec names neither), so it gets only the
-generic strategies and properties. tests/test_properties_generic.py registers ``SPEC`` for
+generic strategies and properties. tests/properties/test_generic.py registers ``SPEC`` for
 the duration of a test."""
 from __future__ import annotations
 
