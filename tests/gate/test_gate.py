@@ -495,9 +495,10 @@ def test_bad_jobs_is_a_usage_error(jobs):
 def _weights_cache_module() -> str:
     """The source of test_hostile's implementation that caches its answer under the
     weights only (correct once, then stale when only the activations change)."""
+    import runpy
     import textwrap
-    from test_hostile import COMMON, HOSTILE
-    return textwrap.dedent(COMMON) + textwrap.dedent(HOSTILE["hostile_weights_cache"][0])
+    hostile = runpy.run_path(os.path.join(os.path.dirname(os.path.dirname(__file__)), "runner", "test_hostile.py"))
+    return textwrap.dedent(hostile["COMMON"]) + textwrap.dedent(hostile["HOSTILE"]["hostile_weights_cache"][0])
 
 
 def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_path, monkeypatch):
