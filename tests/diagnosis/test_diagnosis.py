@@ -243,9 +243,8 @@ def test_mutants_from_their_stage_equal_the_whole_run():
 
 
 # --------------------------------------------------------------------------- imported problems
-def test_imported_problem_anatomy_and_generic_epsilon():
-    from fuseval.operators import register_problem
-    spec = register_problem(os.path.join(HERE, "data", "sol_problems", "rmsnorm"))
+def test_imported_problem_anatomy_and_generic_epsilon(register):
+    spec = register(os.path.join(HERE, "data", "sol_problems", "rmsnorm"))
     defn = load(spec.name)
     case = defn.cases()[0]
     tol = case.tolerance or defn.tolerance
