@@ -4,12 +4,20 @@ Without a CUDA device, Triton kernels run through the interpreter, which must be
 before triton is first imported."""
 import contextlib
 import os
+import sys
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The tests are grouped by area (tests/<area>/, mirroring fuseval's packages); the modules
+# they share (bounds, op_invariants, problem_folders, the hookless operator, ...) are in
+# tests/helpers/, imported by their plain names whatever the import mode.
+_HELPERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "helpers")
+if _HELPERS not in sys.path:
+    sys.path.insert(0, _HELPERS)
 
 
 # Hypothesis profiles of the property suite (fuseval.properties.profiles): ``ci``, ``dev``,
@@ -35,8 +43,9 @@ def _one_torch_thread():
 def _rules_tested_in_process():
     """The tests of fuseval's rules call their (trusted) test implementations in this
     process: a worker process per implementation would cost seconds each. The default,
-    isolated path (fuseval.runner.isolation) is exercised by tests/test_hostile.py, which turns it
-    back on, and by every test that runs the command in a subprocess."""
+    isolated path (fuseval.runner.isolation) is exercised by the tests under tests/runner/, which
+    turn it back on (``isolation_default(True)``), and by every test that runs a command in a
+    subprocess."""
     from fuseval.runner import isolation
     with isolation.default_isolation(False):
         yield
@@ -54,8 +63,8 @@ def isolation_default():
 @pytest.fixture(autouse=True, scope="session")
 def _fixed_seeds():
     """The suite's checks draw the same inputs every run: a check or gate given no seed
-    draws seed 0 here instead of a random one (the product's default, tested in
-    tests/test_seeds.py with the real draws, ``REAL_DRAWS``), and the hygiene rules' later
+    draws seed 0 here instead of a random one (the product's default: the commands that
+    tests/runner/test_confinement.py runs in a subprocess draw theirs), and the hygiene rules' later
     calls a fixed seed of their own. Commands run in a subprocess draw at random."""
     import sys as _sys
     from fuseval import hygiene

@@ -27,7 +27,7 @@ python3 -m fuseval.cli bench --op qwen2vl_decoder_layer --impls "$IMPLS" --cases
 echo "bench rc=$? ($(( $(date +%s) - t0 )) s)"
 if [ "${GPU_TESTS:-1}" = 1 ]; then
     t0=$(date +%s)
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_qwen2vl_decoder_layer.py > "$OUT/gpu_tests.txt" 2>&1
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/fast/test_fast_qwen2vl_decoder_layer.py > "$OUT/gpu_tests.txt" 2>&1
     echo "op A gpu tests rc=$? ($(( $(date +%s) - t0 )) s): $(tail -1 "$OUT/gpu_tests.txt")"
     grep -E "^(FAILED|ERROR)" "$OUT/gpu_tests.txt" | head -10
 fi

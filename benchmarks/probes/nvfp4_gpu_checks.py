@@ -1,5 +1,5 @@
 """Op B's GPU checks in one process (no pytest, no conftest): the ``gpu`` tests of
-tests/test_fast_nvfp4_qkv_rope.py called directly, and every candidate table of
+tests/fast/test_fast_nvfp4_qkv_rope.py called directly, and every candidate table of
 nvfp4_tables.py against the float64 oracle on a ragged 3 x 333 batch (every element within
 bf16 rounding) and against the production kernel bit for bit where they compute the same
 products in the same order.

@@ -29,7 +29,7 @@ seen before reuses the objects of its first sight. Two operands of one shared sh
 once (Triton returns both unchanged in those cases).
 
 The kernels' outputs are bit for bit the same, and Triton's errors for shapes it refuses
-are its own (``tests/test_interpreter_patch.py``). It applies to the Triton version it was written
+are its own (``tests/fast/test_interpreter_patch.py``). It applies to the Triton version it was written
 against (3.6.x) and only under ``TRITON_INTERPRET=1``; ``FUSEVAL_PLAIN_INTERPRETER=1``
 leaves Triton untouched.
 """

@@ -14,7 +14,7 @@ Each operator lists its mutants in its package (``OperatorSpec.mutants``, e.g.
 ``".mutants:catalogue"``, a callable returning ``list[Mutant]``); :func:`catalogue` and
 :func:`get` read them through the registry. An operator without a catalogue has no
 mutants. The property suite must reject every mutant in the ``ci`` profile
-(``tests/test_mutants.py`` asserts it, so weakening a property fails CI).
+(``tests/properties/test_mutants.py`` asserts it, so weakening a property fails CI).
 
 Every mutant follows the stage-tap protocol: ``mutant.fn.staged(*inputs, taps=, override=)``
 records every stage output of the definition (float32) and continues from overridden stage
