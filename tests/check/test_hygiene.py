@@ -17,12 +17,12 @@ from fuseval.inputs import generate_inputs
 
 @pytest.fixture
 def defn():
-    from fuseval import definitions, operators
+    from fuseval import operators
     registry = operators.registry()
     registry[toy.NAME] = toy.SPEC
-    yield definitions.load(toy.NAME, config="small")
+    yield operators.load(toy.NAME, config="small")
     registry.pop(toy.NAME, None)
-    definitions._CACHE.pop(toy.NAME, None)
+    operators._CACHE.pop(toy.NAME, None)
 
 
 # --------------------------------------------------------------------------- tensors

@@ -73,7 +73,7 @@ def impl_error_location(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:
         return ""
-    here = os.path.dirname(os.path.abspath(__file__))
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))     # the fuseval package
     mine = [f for f in frames if not os.path.abspath(f.filename).startswith(here + os.sep)
             and f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith("<frozen")]
     f = (mine or frames)[-1]
