@@ -436,7 +436,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     ``rules``: "fuseval" or "sol" (the benchmark's evaluator). ``predict``: also predict
     the benchmark's verdict (``sol_reference`` under the "sol" rules) where the operator
     has a ``sol_reference`` and the check is not that prediction already.
-    ``isolate`` (default, None: the process default, :func:`fuseval.runner.isolation.requested`; True): the implementation runs in a worker process of its own
+    ``isolate`` (None, the default: the process default, :func:`fuseval.runner.isolation.requested`,
+    which is True): the implementation runs in a worker process of its own
     (:mod:`fuseval.runner.isolation`) and is never imported here; False runs it in this process,
     trusting it. A Python callable that cannot be sent to a worker (defined in
     ``__main__``, a lambda) runs in this process with an :class:`IsolationWarning`.

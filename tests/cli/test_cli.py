@@ -353,3 +353,15 @@ def test_a_crashed_gate_component_is_exit_70_with_its_traceback(capsys, monkeypa
     assert "Traceback" in text and "crashing" in text and "bug in fuseval" in text
     doc = json.loads((tmp_path / "gate.json").read_text())
     assert "Traceback" in doc["components"][0]["data"]["traceback"]
+
+
+def test_the_command_line_starts_without_the_harness():
+    # the parser of every command and `fuseval list` read data only: no torch, no Hypothesis
+    # (the gate's profiles come from fuseval.gate.profiles; the gate package resolves the rest lazily)
+    import subprocess
+    import sys
+    code = ("import io, contextlib, sys\nfrom fuseval.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n    rc = main(['list'])\n"
+            "print(rc, sorted(m for m in ('torch', 'hypothesis', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "0 []", out

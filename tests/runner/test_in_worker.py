@@ -156,3 +156,14 @@ def test_a_note_is_json_or_says_why_not(monkeypatch):
     W.note("a long enough note")
     assert "more than 8" in json.loads(W._note_text())["error"]["message"]
     W.note(None)
+
+
+def test_the_worker_module_imports_nothing_heavy_before_it_confines_itself():
+    # a spawned worker imports this module, then confines itself (Landlock restricts only the
+    # calling thread): torch, with the threads it may start, must come after
+    import subprocess
+    import sys
+    code = ("import sys, fuseval.runner.in_worker; "
+            "print(sorted(m for m in ('torch', 'numpy', 'triton') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out

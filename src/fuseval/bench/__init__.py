@@ -56,7 +56,9 @@ import torch
 from .. import operators
 from ..operators import implementations as _ops
 from .render import plot_report, print_bench_report, write_outputs
-from .ceilings import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing, _require_cuda, measure_ceilings, measure_sustained, square_matmul, sustained_rate, time_call, timer_rules, floor_seconds
+from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
+                       _require_cuda, floor_seconds, measure_ceilings, measure_sustained, square_matmul,
+                       sustained_rate, time_call, timer_rules)
 from ..definitions import Definition
 from ..runner.clock import L2_FLUSH_BYTES  # noqa: F401 - fuseval.bench.L2_FLUSH_BYTES, as before
 from ..terminal import fmt_number

@@ -19,7 +19,8 @@ from ..runner.clock import L2_FLUSH_BYTES
 from ..runner.timing import Timing
 from ..torch_flags import matmul_flags
 
-__all__ = ["BenchSkipped", "Timing", "time_call", "timer_rules", "floor_seconds", "SustainedRate", "sustained_rate", "Ceilings",
+__all__ = ["BenchSkipped", "Timing", "time_call", "timer_rules", "floor_seconds", "SustainedRate", "sustained_rate",
+           "Ceilings",
            "square_matmul", "measure_ceilings", "measure_sustained", "WARMUP_MS", "REP_MS", "MIN_REPS", "MAX_REPS"]
 
 # the timer's rules by default: warm-up, time filled by repetitions, repetition bounds

@@ -62,7 +62,7 @@ def add_common_arguments(p, *, impl_default: str | None = None, config_default: 
 
 
 def add_isolation_arguments(p) -> None:
-    from ..runner.isolation import DEFAULT_TIMEOUT
+    from ..runner import DEFAULT_TIMEOUT
     p.add_argument("--timeout", type=parse_timeout, default=None, metavar="SECONDS",
                    help=f"seconds each case may spend in the implementation, all its calls together "
                         f"(default: {DEFAULT_TIMEOUT:g}; 0: none); past it the case is 'timeout'")
@@ -98,7 +98,7 @@ def parse_device(value: str) -> str:
     before any work (the gate's rule, :func:`fuseval.gate.device_name`)."""
     import argparse
     from ..errors import UsageError
-    from ..gate import device_name
+    from ..gate.profiles import device_name
     try:
         return device_name(value)
     except UsageError as exc:

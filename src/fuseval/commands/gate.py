@@ -16,7 +16,7 @@ from . import add_problem_argument, add_variant_argument, parse_config
 
 def add_arguments(p) -> None:
     add_variant_argument(p)
-    from ..gate import COMPONENTS, PROFILES
+    from ..gate.profiles import COMPONENTS, PROFILES
     from ..operators import names
     add_problem_argument(p)
     p.add_argument("--op", default=None,

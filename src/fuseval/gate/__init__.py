@@ -37,11 +37,29 @@ Hygiene checks (which call the implementation more than once) run on the first s
 """
 from __future__ import annotations
 
-from .components import RUNNERS
-from .context import COMPONENTS, PROFILES, GateContext, Profile, device_name, resolve_ops
-from .results import ComponentResult, GateReport, TestResult, not_run
-from .runner import run_component, run_gate, stderr_progress, utc_timestamp
+import importlib
+
+# name -> the module of the package that defines it, imported on first use: the command line
+# reads the profiles (.profiles) without importing the harness behind the gate
+_LAZY = {
+    "RUNNERS": "components", "COMPONENTS": "profiles", "PROFILES": "profiles", "Profile": "profiles",
+    "device_name": "profiles", "GateContext": "context", "resolve_ops": "context",
+    "ComponentResult": "results", "GateReport": "results", "TestResult": "results", "not_run": "results",
+    "run_component": "runner", "run_gate": "runner", "stderr_progress": "runner", "utc_timestamp": "runner",
+}
 
 __all__ = ["Profile", "PROFILES", "COMPONENTS", "RUNNERS", "TestResult", "ComponentResult", "GateReport",
            "GateContext", "run_gate", "run_component", "resolve_ops", "device_name", "not_run",
            "stderr_progress", "utc_timestamp"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

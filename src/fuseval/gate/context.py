@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, UsageError, user_input
+from ..errors import (EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError,
+                      UsageError, user_input)
 from .. import operators
 from ..budget import load_budget
 from ..check import draw_seed, resolve_device as check_device, validate_seed, validate_selection
@@ -18,38 +18,7 @@ from ..operators import load
 from ..operators.implementations import impl_label, resolve_impl
 from ..runner.isolation import decide, requested, worker_for
 from ..stats import DEFAULT_WARN_MARGIN, seed_list
-
-COMPONENTS = ("check", "properties", "budget")
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-
-
-@dataclass(frozen=True)
-class Profile:
-    """How much work a gate run does. Case lists given here are indices an operator may
-    not all have (a small operator has fewer cases): each operator runs those it has."""
-    name: str
-    config: str                 # configuration of the check
-    device: str
-    seeds: int                  # seeds of the statistical check
-    cases: tuple[int, ...] | None           # cases of the check (None: all)
-    properties: str             # profile name handed to fuseval.properties
-    budget_config: str
-    budget_cases: tuple[int, ...] | None    # cases of the budget (None: all)
-    extra_seed_cases: tuple[int, ...] | None = None   # cases of the seeds after the first (None: the same)
-    hygiene: str | bool = "first"
-
-
-PROFILES: dict[str, Profile] = {
-    # ci: every case on the first seed; the two more seeds repeat cases 0-11 (the slow
-    # long sequences 12-15 run once); the budget on four cases of increasing size
-    "ci": Profile("ci", config="small", device="cpu", seeds=3, cases=None, properties="ci",
-                  budget_config="small", budget_cases=(0, 5, 10, 13), extra_seed_cases=tuple(range(12))),
-    "thorough": Profile("thorough", config="small", device="cpu", seeds=5, cases=None,
-                        properties="thorough", budget_config="small", budget_cases=None),
-    "gpu": Profile("gpu", config="seed", device="cuda", seeds=3, cases=None, properties="gpu",
-                   budget_config="seed", budget_cases=None),
-}
-
+from .profiles import COMPONENTS, Profile, device_name, profile_of
 
 @dataclass
 class GateContext:
@@ -99,14 +68,6 @@ class Settings:
     components: tuple[str, ...] = COMPONENTS    # the components this run makes
 
 
-def profile_of(profile: str | Profile) -> Profile:
-    if isinstance(profile, Profile):
-        return profile
-    if profile not in PROFILES:
-        raise UsageError(f"profile: unknown gate profile {profile!r}; expected one of {', '.join(PROFILES)}")
-    return PROFILES[profile]
-
-
 def resolve_ops(op: str | Sequence[str]) -> list[str]:
     """Operator names from "all", one name, a comma list or a list; an unknown name is an
     :class:`~fuseval.errors.UnknownOperatorError` naming the known ones."""
@@ -120,14 +81,6 @@ def resolve_ops(op: str | Sequence[str]) -> list[str]:
     for name in names:
         operators.spec(name)            # UnknownOperatorError names the known operators
     return names
-
-
-def device_name(value: str) -> str:
-    """'cpu', 'cuda' or 'cuda:N'; anything else (tpu, meta, a typo) is a usage error."""
-    text = str(value).strip()
-    if not _DEVICE.fullmatch(text):
-        raise UsageError(f"device: expected cpu, cuda or cuda:N, got {value!r}")
-    return text
 
 
 def resolve_device(device: str) -> str:

@@ -14,9 +14,9 @@ functions here:
 **Where it runs.** A problem folder is code from elsewhere, so it gets what an
 implementation under test gets: when fuseval isolates (:func:`fuseval.runner.isolation.requested`:
 always in the CLI, ``--in-process`` included, which trusts the implementation, not the
-problem), each function above sends its request to a confined worker of the problem's own (:mod:`fuseval.runner.isolation`: its own
-session, no capabilities, seccomp, Landlock, standard output and error captured), which
-runs the code there and hands back tensors and a small JSON note (the lift report, the
+problem), each function above sends its request to a confined worker of the problem's own
+(:mod:`fuseval.runner.isolation`: its own session, no capabilities, seccomp, Landlock, standard
+output and error captured), which runs the code there and hands back tensors and a small JSON note (the lift report, the
 custom inputs' names, the mode's summary, or the error). What the worker breaks (a child
 left running, a hang past :data:`TIMEOUT`, a crash, a reply that is not fuseval's) is a
 :class:`ProblemCodeViolation`, exit code by the violation. Inside a worker (an

@@ -7,8 +7,8 @@ tolerance) and optionally ``reference.py``, ``metadata.json`` and ``solution*.js
 files (SOL-ExecBench's docs/definition.md, workload.md and solution.md describe the
 format). :func:`read_problem` validates it; every error names
 the file, the field, what was expected and what was given.
-:func:`fuseval.interop.problems.operator_spec` turns it into an :class:`~fuseval.operators.OperatorSpec` whose definition is built from the
-folder (one case per supported workload, with the workload's tolerance) and whose code
+:func:`fuseval.interop.problems.operator_spec` turns it into an
+:class:`~fuseval.operators.OperatorSpec` whose definition is built from the folder (one case per supported workload, with the workload's tolerance) and whose code
 lives in a module made for it (:mod:`fuseval.interop.problems`).
 
 The tolerance keys are read as the benchmark's evaluator reads them: ``max_atol``,

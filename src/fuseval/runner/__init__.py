@@ -11,3 +11,7 @@
 Nothing here imports torch at module level: :func:`confine.enter` runs in a fresh worker
 before torch starts its first thread.
 """
+
+# seconds a case may take in the implementation (every call of the case together); the
+# first call of a GPU kernel includes its compilation
+DEFAULT_TIMEOUT = 300.0

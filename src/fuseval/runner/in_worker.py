@@ -26,12 +26,6 @@ import sys
 import time
 import traceback
 from typing import Any, Callable
-from ..errors import is_out_of_memory
-from ..hygiene import poison_allocator
-from ..operators.implementations import resolve_impl
-from ..staged import staged_of
-from . import clock, confine, integrity
-from .transport import open_buffers, open_inputs, recv_fds
 
 __all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT", "IN_WORKER", "note"]
 
@@ -97,6 +91,7 @@ def describe_exception(exc: BaseException) -> tuple[str, str]:
 
 
 def is_oom(exc: BaseException) -> bool:
+    from ..errors import is_out_of_memory
     return is_out_of_memory(exc)
 
 
@@ -162,6 +157,7 @@ class _Worker:
     integrity snapshot taken before the implementation loaded."""
 
     def __init__(self, conn):
+        from . import integrity
         self.conn = conn
         self.baseline = integrity.snapshot()     # before the implementation is imported
         self.fn = self.staged = None
@@ -173,13 +169,16 @@ class _Worker:
         self.conn.send_bytes(json.dumps(obj).encode())
 
     def load(self, impl, defn, path, cwd) -> None:
+        from . import integrity
         # the caller's search path, with its folder first (as `python -m` has it): read
         # only, since the worker writes nowhere but its scratch folder
         sys.path[:] = [cwd] + [p for p in path if p not in ("", cwd)]
+        from ..operators.implementations import resolve_impl
         failure, fn = _guarded(lambda: resolve_impl(defn, impl))
         if failure is not None:
             self.reply({**failure, "cause": failure["status"], "status": "load_failed"})
             return
+        from ..staged import staged_of
         self.fn, self.staged = fn, staged_of(defn, impl, fn)
         self.reply({"status": "loaded", "staged": self.staged is not None,
                     "tampered": integrity.changed(self.baseline)})
@@ -205,6 +204,9 @@ class _Worker:
 
     def call(self, req: dict) -> None:
         import torch
+        from . import integrity
+        from ..hygiene import poison_allocator
+        from .transport import open_inputs, recv_fds
         fds = recv_fds(self.conn, int(req.get("nfds", 0)))
         self.held = None                  # the previous call's inputs, verified by now
         shared = open_inputs(req["inputs"], fds)
@@ -260,6 +262,7 @@ class _Worker:
         self.reply({"status": "filled"})
 
     def _open(self, out_payload, tap_payload, nfds):
+        from .transport import open_buffers, recv_fds
         return open_buffers(list(out_payload) + list(tap_payload), recv_fds(self.conn, int(nfds)))
 
     @staticmethod
@@ -283,6 +286,9 @@ class _Worker:
         """Time the implementation over rotating input sets (:mod:`fuseval.runner.clock`);
         the timed calls' outputs are kept for :meth:`timed_outputs`."""
         import torch
+        from . import integrity
+        from . import clock
+        from .transport import open_inputs, recv_fds
         fds = recv_fds(self.conn, int(req.get("nfds", 0)))
         self.held = self.timed = None
         shared = open_inputs(req["inputs"], fds)
@@ -341,6 +347,7 @@ class _Worker:
 
 def _take_stdio(conn) -> None:
     """fuseval's pipe as this process's standard output and error; stdin from /dev/null."""
+    from .transport import recv_fds
     (pipe,) = recv_fds(conn, 1)
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -356,9 +363,11 @@ def child_main(conn, threads: int, plan) -> None:
     global IN_WORKER
     IN_WORKER = True
     _take_stdio(conn)
+    from . import confine
     applied = confine.enter(plan)
     import torch
     import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
+    from . import clock  # noqa: F401 - binds the timer's functions before any implementation loads
     torch.set_num_threads(max(1, int(threads)))
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})

@@ -47,6 +47,7 @@ import time
 import warnings
 from typing import Any, Sequence
 
+from . import DEFAULT_TIMEOUT
 from .confine import ConfinementWarning, confinement
 from .worker import MAX_REPLY_BYTES, CallResult, Worker
 from .in_worker import describe_exception, impl_error_location, is_oom
@@ -58,9 +59,6 @@ __all__ = ["DEFAULT_TIMEOUT", "Worker", "CallResult", "IsolatedImpl", "Isolation
            "impl_error_location", "describe_exception", "is_oom",
            "confinement", "MAX_REPLY_BYTES", "ConfinementWarning", "IsolationViolation"]
 
-# seconds a case may take in the implementation (every call of the case together); the
-# first call of a GPU kernel includes its compilation
-DEFAULT_TIMEOUT = 300.0
 _MAX_WORKERS = 6
 # whether check, the gate, the budget and baselines isolate when not told (``isolate=None``):
 # True, unless a block of :func:`default_isolation` says otherwise
