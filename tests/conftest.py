@@ -70,11 +70,17 @@ def _fixed_seeds():
     from fuseval import hygiene
     import fuseval.check  # noqa: F401 - the module (fuseval.check is the function)
     check = _sys.modules["fuseval.check"]
-    old = check.draw_seed, check.draw_hygiene_seed, hygiene.draw_hygiene_seed
-    check.draw_seed = lambda: 0
-    check.draw_hygiene_seed = hygiene.draw_hygiene_seed = lambda: 7_919_993
+    fixed = {check.draw_seed: lambda: 0, hygiene.draw_hygiene_seed: lambda: 7_919_993}
+    # every module that imported them holds them under the same name: replace them there too
+    # (a module imported later takes the replacement from where it is defined)
+    replaced = [(module, name, value) for module in list(_sys.modules.values())
+                if getattr(module, "__name__", "").startswith("fuseval")
+                for name, value in vars(module).items() if any(value is f for f in fixed)]
+    for module, name, value in replaced:
+        setattr(module, name, next(new for f, new in fixed.items() if f is value))
     yield
-    check.draw_seed, check.draw_hygiene_seed, hygiene.draw_hygiene_seed = old
+    for module, name, value in replaced:
+        setattr(module, name, value)
 
 
 @pytest.fixture

@@ -312,6 +312,7 @@ def _faked_check(monkeypatch, blind: dict[int, list] | None = None):
             c.blind = [b for b in mine if b.case == c.case]
         return report
     monkeypatch.setattr(fc, "check", faked)
+    monkeypatch.setattr("fuseval.stats.check", faked)       # where the gate's check over seeds looks it up
 
 
 def test_timing_breakdown_per_component_and_case(monkeypatch, tmp_path, capsys):
@@ -515,6 +516,7 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
         calls.append(kw.get("hygiene", True))
         return real(*a, **kw)
     monkeypatch.setattr(budget_pkg, "run_budget", spy)
+    monkeypatch.setattr("fuseval.gate.components.run_budget", spy)   # where the gate looks it up
     both = run_gate(OP, "gate_cache_mod:impl", components=["check", "budget"], cases="0,1", seeds=1,
                     budget_cases="0", isolate=False)
     assert calls == [False]
