@@ -129,7 +129,7 @@ def _space(problem: Problem, workloads: list, limit: int | None) -> VarSpace:
 
 def var_spaces(problem: Problem) -> dict[str, VarSpace]:
     """The var-axis space of each profile space, from the problem's supported workloads."""
-    pool = problem.supported_workloads
+    pool = problem.drawable()
     sizes = {w.line: workload_size(problem, w) for w in pool}
     smallest = min(sizes.values())
     out = {"full": _space(problem, pool, None)}
