@@ -42,6 +42,34 @@ def test_a_missing_blob_leaves_its_workload_out_with_the_reason(tmp_path, monkey
     assert any("left out" in w for w in problem.warnings)
 
 
+def test_a_folder_whose_every_workload_needs_a_missing_blob_imports_and_is_refused_when_run(
+        tmp_path, monkeypatch, capsys):
+    """9 FlashInfer-Bench folders of the dataset: every workload reads a blob the dataset's
+    mirror does not hold. Importing runs nothing, so it succeeds and says why nothing can be
+    checked; check and gate refuse with that reason (exit 5), never exit 70."""
+    from fuseval import cli
+    monkeypatch.delenv(blobs.BLOB_ROOT_ENV, raising=False)
+    folder = write_problem(
+        tmp_path / "dataset" / "problems" / "only_blobs", name="test_only_blobs",
+        axes={"n": {"type": "var"}}, inputs={"x": tensor(["n"], "float32")},
+        outputs={"y": tensor(["n"], "float32")},
+        reference="""
+            def run(x):
+                return x * 2
+            """,
+        workloads=[workload({"n": 3}, {"x": {"type": "safetensors", "path": BLOB, "tensor_key": "x"}})])
+    problem = read_problem(folder)
+    assert problem.supported_workloads == [] and BLOB in problem.workloads[0].unsupported
+    assert cli.main(["import", folder]) == 0
+    said = capsys.readouterr().out
+    assert "0 of 1 drawable" in said and "no workload fuseval can draw" in said and BLOB in said, said
+    for command in (["check", "--problem", folder, "--impl", "sol_reference", "--in-process"],
+                    ["gate", "--problem", folder, "--impl", "sol_reference", "--profile", "ci",
+                     "--out", str(tmp_path / "gate")]):
+        assert cli.main(command) == 5, command
+        assert "no workload fuseval can draw" in capsys.readouterr().err
+
+
 def test_a_blob_under_the_dataset_root_is_read(tmp_path, monkeypatch):
     st = pytest.importorskip("safetensors.torch")
     monkeypatch.delenv(blobs.BLOB_ROOT_ENV, raising=False)

@@ -90,6 +90,20 @@ def test_a_draw_the_problems_code_refuses_is_outside_its_domain(tmp_path, regist
     assert not wrong.passed and wrong.failures[0].property == "tolerance"
 
 
+def test_a_leading_axis_the_problems_code_refuses_to_split_skips_the_independence_check(tmp_path, register):
+    # SOL Quant/027 and Quant/033: every workload's n is a multiple of 4 and the reference
+    # refuses any other n (its FP4 GEMM wants M % 128 == 0), so the item-alone run of the
+    # batch-independence check (n = 1) is outside its domain: the check does not apply,
+    # the draw stays (before: every metamorphic draw rejected, exit 5)
+    folder = _one_axis(tmp_path, "tiled", """
+                if n % 4:
+                    raise ValueError(f"M must be a multiple of 4, got {n}")""", [4, 8, 12])
+    spec = register(folder)
+    report = check_implementation(spec.name, "sol_reference", profile="ci")
+    assert report.passed, str(report)
+    assert "metamorphic" in report.properties
+
+
 # --------------------------------------------------------------------------- memory
 def test_the_draws_stay_within_the_memory_bound_of_the_device(tmp_path, register, monkeypatch):
     # n = 4000 is a workload; the "device" has room for about 100 rows per draw only, and the

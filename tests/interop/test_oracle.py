@@ -63,3 +63,31 @@ def test_the_gate_fails_a_check_without_a_float64_oracle(tmp_path, register, cap
     out = capsys.readouterr().out
     assert code == EXIT_NO_FLOAT64_ORACLE, out
     assert "no float64 oracle" in out
+
+
+def test_a_worker_that_cannot_map_its_inputs_answers_out_of_memory():
+    # SOL L2/064 on a shared H100: the problem's worker ran out of device memory while
+    # torch's IPC mapped a CUDA input (inside conn.recv()), died with a traceback, and the
+    # check said "its code ran confined and broke a rule: exited" (exit 16), not exit 7
+    import pytest
+    import torch
+
+    from fuseval.worker_process import next_request
+
+    class Conn:
+        def __init__(self, exc):
+            self.exc = exc
+
+        def recv(self):
+            raise self.exc
+
+    replies = []
+    mapped = torch.AcceleratorError("CUDA error: out of memory") if hasattr(torch, "AcceleratorError") \
+        else RuntimeError("CUDA error: out of memory")
+    for exc in (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), mapped):
+        assert next_request(Conn(exc), replies.append) is None
+        assert replies[-1]["status"] == "raised" and replies[-1]["oom"] is True
+        assert "out of memory receiving the inputs" in replies[-1]["error"]
+    assert next_request(Conn(EOFError()), replies.append) is None and len(replies) == 2
+    with pytest.raises(ValueError):                   # anything else still ends the worker loudly
+        next_request(Conn(ValueError("bad pickle")), replies.append)

@@ -62,7 +62,6 @@ def test_evaluator_defaults_fill_missing_tolerance_keys():
     ("workload_not_json", ["workload.jsonl:1", "not valid JSON"]),
     ("workload_missing_var_axis", ["workload.jsonl:1", "['n']"]),
     ("custom_without_entrypoint", ["custom inputs", "custom_inputs_entrypoint"]),
-    ("safetensors_only", ["no workload fuseval can draw", "safetensors"]),
     ("tolerance_not_a_number", ["max_atol", "'big'"]),
     ("division_in_axis_expression", ["'n / 2'", "Div"]),
     ("no_reference", ["missing field 'reference'"]),

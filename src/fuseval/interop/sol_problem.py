@@ -95,6 +95,15 @@ class Problem:
     def supported_workloads(self) -> list[Workload]:
         return [w for w in self.workloads if w.unsupported is None]
 
+    def drawable(self) -> list[Workload]:
+        """The supported workloads, for whatever runs one: a folder without any (blobs not
+        present, say) still imports and lists, and is refused here, with the reason."""
+        pool = self.supported_workloads
+        if not pool:
+            raise ProblemError(f"{self.directory}/workload.jsonl: no workload fuseval can draw "
+                               f"({self.workloads[0].unsupported})")
+        return pool
+
     @property
     def module(self) -> str:
         return module_name(self.directory, self.name)
@@ -341,8 +350,6 @@ def _read_workloads(path: str, problem_inputs: Mapping[str, Any], axes_spec: Map
     if skipped:
         warnings.append(f"workload.jsonl: {len(skipped)} of {len(out)} workloads are not supported and are "
                         f"left out (line {skipped[0].line}: {skipped[0].unsupported})")
-    if len(skipped) == len(out):
-        raise ProblemError(f"{path}: no workload fuseval can draw ({skipped[0].unsupported})")
     return out
 
 
@@ -437,6 +444,7 @@ def _representable(problem: Problem) -> None:
 
 def _fuseval_definition(problem: Problem, implementations: dict[str, str]) -> dict[str, Any]:
     _representable(problem)
+    workloads = problem.drawable()
     module = problem.module
     tensors = []
     for name, t in problem.inputs.items():
@@ -451,7 +459,6 @@ def _fuseval_definition(problem: Problem, implementations: dict[str, str]) -> di
             raise ProblemError(f"{problem.directory}/definition.json: output {name!r} is a Python scalar; "
                                "fuseval checks tensor outputs")
         outputs.append({"name": name, "shape": t["shape"], "dtype": t["dtype"]})
-    workloads = problem.supported_workloads
     table = {"reference": f"{module}:reference", "sol_reference": f"{module}:sol_reference",
              "torch": f"{module}:sol_reference", **implementations}
     return {

@@ -97,7 +97,7 @@ def workload_size(problem: Problem, workload: Workload) -> int:
 def select_workloads(problem: Problem, *, smallest: int | None = None,
                      lines: Sequence[int] | None = None) -> list[Workload]:
     """The supported workloads: all, the ``smallest`` N by input size, or those at ``lines``."""
-    pool = problem.supported_workloads
+    pool = problem.drawable()
     if lines is not None:
         by_line = {w.line: w for w in pool}
         missing = [n for n in lines if n not in by_line]

@@ -27,7 +27,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["child_main", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT", "IN_WORKER", "note"]
+__all__ = ["child_main", "next_request", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT", "IN_WORKER", "note"]
 
 # characters of an exception's text a reply carries (the rest is cut, and says so)
 MAX_TEXT = 600
@@ -358,6 +358,26 @@ def _take_stdio(conn) -> None:
             os.close(fd)
 
 
+def next_request(conn, reply: Callable[[dict], None]) -> tuple | None:
+    """The next request off ``conn``; None when the worker is to end. A request whose
+    tensors cannot be mapped here for lack of device memory (a CUDA input arrives through
+    torch's IPC, and mapping it allocates) is answered as the call running out of memory
+    (status raised, oom), and the worker ends (what else the request sent is unread; the next
+    call starts a new one): the size is the verdict, not a process that died with a
+    traceback (before: exit status 1, a broken rule, exit 16)."""
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return None
+    except Exception as exc:  # noqa: BLE001 - only out of memory is answered, the rest ends the worker
+        if not is_oom(exc):
+            raise
+        line, _ = describe_exception(exc)
+        reply({"status": "raised", "error": cut(f"out of memory receiving the inputs: {line}", 2000), "where": "",
+               "oom": True})
+        return None
+
+
 def child_main(conn, threads: int, plan) -> None:
     """The worker's loop (the target of the spawned process)."""
     global IN_WORKER
@@ -372,9 +392,8 @@ def child_main(conn, threads: int, plan) -> None:
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})
     while True:
-        try:
-            msg = conn.recv()
-        except (EOFError, OSError):
+        msg = next_request(conn, worker.reply)
+        if msg is None:
             return
         kind = msg[0]
         if kind == "quit":
