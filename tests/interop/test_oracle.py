@@ -72,7 +72,7 @@ def test_a_worker_that_cannot_map_its_inputs_answers_out_of_memory():
     import pytest
     import torch
 
-    from fuseval.worker_process import next_request
+    from fuseval.runner.in_worker import next_request
 
     class Conn:
         def __init__(self, exc):

@@ -27,7 +27,8 @@ import time
 import traceback
 from typing import Any, Callable
 
-__all__ = ["child_main", "next_request", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT", "IN_WORKER", "note"]
+__all__ = ["child_main", "next_request", "describe_exception", "impl_error_location", "is_oom", "MAX_TEXT",
+           "IN_WORKER", "note"]
 
 # characters of an exception's text a reply carries (the rest is cut, and says so)
 MAX_TEXT = 600
@@ -364,7 +365,7 @@ def next_request(conn, reply: Callable[[dict], None]) -> tuple | None:
     torch's IPC, and mapping it allocates) is answered as the call running out of memory
     (status raised, oom), and the worker ends (what else the request sent is unread; the next
     call starts a new one): the size is the verdict, not a process that died with a
-    traceback (before: exit status 1, a broken rule, exit 16)."""
+    traceback (which the check would read as a broken rule, exit 16)."""
     try:
         return conn.recv()
     except (EOFError, OSError):
