@@ -43,7 +43,7 @@ def test_a_missing_blob_leaves_its_workload_out_with_the_reason(tmp_path, monkey
 
 
 def test_a_folder_whose_every_workload_needs_a_missing_blob_imports_and_is_refused_when_run(
-        tmp_path, monkeypatch, capsys):
+        tmp_path, monkeypatch, capsys, register):      # register: the commands' registrations are forgotten after
     """9 FlashInfer-Bench folders of the dataset: every workload reads a blob the dataset's
     mirror does not hold. Importing runs nothing, so it succeeds and says why nothing can be
     checked; check and gate refuse with that reason (exit 5), never exit 70."""
