@@ -26,9 +26,7 @@ an input does not depend on the others.
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import random
 from typing import Any, Mapping
 
 import torch

@@ -55,7 +55,7 @@ from ..memory import DRAW_COPIES, draw_bytes
 from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 from ..definitions import evaluate_expression
-from ..operators import spec
+from .. import operators
 
 __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_COPIES", "recipes", "inputs", "examples",
            "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
@@ -401,7 +401,7 @@ class Example:
 
 def _problem_args(op: str) -> list[str]:
     """``--problem DIR`` where ``op`` is a problem folder's (a command registers it first)."""
-    directory = getattr(spec(op), "directory", None)
+    directory = getattr(operators.spec(op), "directory", None)
     return ["--problem", directory] if directory else []
 
 
