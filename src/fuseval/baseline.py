@@ -46,7 +46,7 @@ from ._version import __version__
 from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, timer_rules
 from .budget import staged_of
 from .check import check, resolve_device
-from .operators import list_operators
+from . import operators
 from .operators.implementations import get, impl_label
 from .runner.isolation import decide, worker_for
 from .runner.timing import time_impl
@@ -335,8 +335,8 @@ def validate(doc: Any, *, source: str = "baseline") -> None:
             raise _bad(source, f"missing key {key!r}")
         if not isinstance(doc[key], kind):
             raise _bad(source, f"{key}: expected {kind.__name__}, got {type(doc[key]).__name__}")
-    if doc["op"] not in list_operators():
-        raise _bad(source, f"op: unknown operator {doc['op']!r}; known: {', '.join(list_operators())}")
+    if doc["op"] not in operators.names():
+        raise _bad(source, f"op: unknown operator {doc['op']!r}; known: {', '.join(operators.names())}")
     if not doc["seeds"] or not all(isinstance(s, int) and not isinstance(s, bool) for s in doc["seeds"]):
         raise _bad(source, f"seeds: expected a non-empty list of integers, got {doc['seeds']!r}")
     if not doc["cases"]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..definitions import Definition
-from ..operators import list_operators, load
+from ..operators import load
 from ..precision import PRECISIONS, canonical, check_precision, ulp, unit_roundoff
 from .metrics import ABS_METRICS, METRICS, REL_METRICS, TOLERANCE_METRICS, ULP_METRICS
 from .. import operators
@@ -250,8 +250,8 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
     if version != SCHEMA_VERSION:
         raise ValueError(f"{where}: schema_version: expected {SCHEMA_VERSION}, got {version!r}")
     op = raw.get("op")
-    if not isinstance(op, str) or op not in list_operators():
-        raise ValueError(f"{where}: op: expected one of {list_operators()}, got {op!r}")
+    if not isinstance(op, str) or op not in operators.names():
+        raise ValueError(f"{where}: op: expected one of {operators.names()}, got {op!r}")
     if defn is None:
         defn = load(op)
     elif defn.name != op:
@@ -323,7 +323,7 @@ def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget, defn: De
     if isinstance(budget, Mapping):
         return parse_budget(budget, "<dict>", defn)
     text_path = os.fspath(budget)
-    if text_path in list_operators():
+    if text_path in operators.names():
         path = default_budget_path(text_path)
         if path is None:
             raise ValueError(f"operator {text_path!r} ships no budget file; give a path to one")
@@ -331,7 +331,7 @@ def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget, defn: De
         path = text_path
     if not os.path.exists(path):
         raise ValueError(f"budget {text_path!r}: no such file and not an operator name "
-                         f"(operators: {', '.join(list_operators())})")
+                         f"(operators: {', '.join(operators.names())})")
     try:
         with open(path) as f:
             raw = json.load(f)

@@ -38,7 +38,7 @@ from ..errors import UnknownOperatorError, UsageError
 
 __all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
            "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
-           "load", "variant_scope", "list_operators"]
+           "load", "variant_scope"]
 
 ENTRY_POINT_GROUP = "fuseval.operators"
 PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
@@ -220,10 +220,6 @@ def spec(name: str) -> OperatorSpec:
 
 
 # ---------------------------------------------------------------------- definitions by name
-def list_operators() -> list[str]:
-    return names()
-
-
 _CACHE: dict[str, Definition] = {}
 
 
