@@ -16,7 +16,7 @@ from typing import Callable, Mapping
 
 import torch
 
-__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DRAW_SHARE", "DRAW_COPIES"]
+__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DrawBound", "DRAW_SHARE", "DRAW_COPIES"]
 
 # the share of the available memory one draw may plan for (the oracle's float64 copies and
 # intermediates, the implementation and the comparison come on top of what it counts)
@@ -96,3 +96,26 @@ def draw_bytes(defn, axes: Mapping[str, int]) -> int:
     elements = sum(math.prod(defn.shape_of(spec, axes)) for spec in (*defn.inputs, *defn.outputs)
                    if not spec.is_scalar)
     return elements * 8 * DRAW_COPIES
+
+
+class DrawBound:
+    """The bytes one draw may plan for (:func:`draw_bytes`; None: no bound), lowered during
+    a property run when a draw within it still ran out of memory in the oracle: the
+    planned bytes count the inputs and outputs, not what the oracle holds in between.
+    ``start`` is what the device offered (the strategies draw within it); the run rejects
+    the draws above ``bytes``."""
+
+    def __init__(self, bytes_: int | None):
+        self.start = self.bytes = bytes_
+
+    def lower_below(self, planned: int) -> None:
+        """Draws of ``planned`` bytes or more no longer fit."""
+        self.bytes = planned - 1 if self.bytes is None else min(self.bytes, planned - 1)
+
+    @property
+    def lowered(self) -> bool:
+        return self.bytes != self.start
+
+    def __repr__(self) -> str:
+        return f"DrawBound({self.bytes})"
+

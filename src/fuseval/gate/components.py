@@ -183,6 +183,9 @@ def properties_component(ctx: GateContext) -> ComponentResult:
                + f" over {report.examples_run} examples")
     if messages:
         summary += f"; first: {messages[0].splitlines()[0][:160]}"
+    notes = report.notes()
+    if notes:
+        summary += "".join(f"; note: {n[:300]}" for n in notes)
     data = jsonable(report.to_dict())
     files = {}
     if ctx.out:

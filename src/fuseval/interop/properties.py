@@ -32,7 +32,9 @@ Everything here is read off the problem folder, never off the problem's name:
   binding (``case_tolerance``); adversarial draws scaled up (huge, mixed magnitudes) with
   its absolute parts times the factor the oracle's outputs grew by
   (``scale_atol_with_magnitude``): a workload's atol is written for the benchmark's
-  magnitudes.
+  magnitudes. Where the benchmark's own reference, in its own precision, misses that
+  tolerance on a draw too (``precision_baseline``), the draw is judged by the reference's
+  error there instead (within twice it), and reported.
 * **batch independence**, per var axis that leads every float input it appears in and
   every output, checked only where the lifted oracle itself has it on the example's
   inputs: the engine cannot know whether a problem reduces over a batch-like axis, but
@@ -43,6 +45,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+from ..oracles import SOL_REFERENCE
 from ..properties.hooks import PropertyHooks, VarSpace
 from . import workload_inputs as problem_inputs
 from .tolerance_use import workload_size
@@ -201,6 +204,7 @@ def problem_hooks(problem: Problem) -> PropertyHooks:
         case_tolerance=True,
         scale_atol_with_magnitude=True,
         outside_domain=(ProblemCodeError,),
+        precision_baseline=SOL_REFERENCE,
         invariants=tuple(_batch_invariant(a) for a in _leading_axes(problem)),
     )
 

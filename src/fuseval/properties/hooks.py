@@ -165,8 +165,19 @@ class PropertyHooks:
         inputs" (raised while drawing an example's inputs or computing its oracle): such a
         draw is outside the operator's domain and rejected, not a failure (an imported
         problem: what its reference or its input generator raises).
+        ``precision_baseline``: the implementation whose own error is the yardstick on a
+        draw where the tolerance fails (an imported problem: the benchmark's reference in
+        its own precision, ``sol_reference``). Where that baseline misses the tolerance on
+        the same draw too, the tolerance cannot judge the draw: an implementation within
+        :data:`~fuseval.properties.fast_vs_reference.BASELINE_ERROR_FACTOR` times the
+        baseline's error (max abs and relative L2, per output) is reported there, not
+        failed. None: every tolerance miss fails.
         ``tight_bound``: see :class:`TightBound` (None: no such property).
-        ``invariants``: the metamorphic checks run after batch independence.
+        ``invariants``: the metamorphic checks run after batch independence. Each is
+        called as ``invariant(example, inputs, impl, defn)`` and returns None (not
+        applicable) or ``(name, check)``; building it may run the oracle but never the
+        implementation (an allocation failure there is fuseval's, and lowers the memory
+        bound per draw); ``check()`` runs the implementation.
     """
     batch_axis: str = "batch_size"
     gqa_axes: tuple[str, str] | None = None
@@ -187,6 +198,7 @@ class PropertyHooks:
     case_tolerance: bool = False
     scale_atol_with_magnitude: bool = False
     outside_domain: tuple[type[BaseException], ...] = ()
+    precision_baseline: str | None = None
     tight_bound: TightBound | None = None
     invariants: tuple[MetamorphicCheck, ...] = ()
 

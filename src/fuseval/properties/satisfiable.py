@@ -11,21 +11,19 @@ from ..operators import load
 from ..errors import BadFileError
 from .hooks import hooks_of
 from .profiles import Space
+from ..memory import draw_bytes
 from .strategies import Binding, _explicit_bindings, _fits, _space, _start_consts
 
-__all__ = ["UnsatisfiableAxes", "check_satisfiable"]
+__all__ = ["UnsatisfiableAxes", "check_satisfiable", "smallest_valid_bytes"]
 
 
 class UnsatisfiableAxes(BadFileError):
     """No binding of an operator's axis space satisfies its definition's constraints."""
 
 
-def check_satisfiable(op: str, space: Space | str = "small") -> None:
-    """Raise :class:`UnsatisfiableAxes` when none of the candidate bindings of ``op``'s axis
-    space (its explicit bindings, the exact bindings and the corners of the ranges of its
-    hooks' ``var_space``) satisfies the definition's constraints: every draw would then be
-    rejected, and a property run could say nothing."""
-    sp = _space(space)
+def _candidates(op: str, sp) -> tuple[list[Binding], int | None]:
+    """The bindings a space surely offers (its explicit bindings, the exact bindings and the
+    corners of the ranges of the hooks' ``var_space``) and its element limit."""
     hooks, base = hooks_of(op), load(op)
     vs = hooks.var_space.get(sp.name)
     consts = _start_consts(base, sp)
@@ -35,7 +33,25 @@ def check_satisfiable(op: str, space: Space | str = "small") -> None:
         for pick in (0, 1):
             values = {a: (vs.ranges.get(a) or (1, 1))[pick] for a in base.var_axes}
             candidates.append(Binding.make(op, consts, values))
-    limit = vs.max_elements if vs is not None else None
+    return candidates, (vs.max_elements if vs is not None else None)
+
+
+def smallest_valid_bytes(op: str, space: Space | str = "small") -> int | None:
+    """The bytes (:func:`~fuseval.memory.draw_bytes`) of the smallest candidate binding of
+    the space that satisfies the constraints (None: none does)."""
+    candidates, limit = _candidates(op, _space(space))
+    sizes = [draw_bytes(b.definition(), b.definition().resolve_axes(b.axes)) for b in candidates if _fits(b, limit)]
+    return min(sizes) if sizes else None
+
+
+def check_satisfiable(op: str, space: Space | str = "small") -> None:
+    """Raise :class:`UnsatisfiableAxes` when none of the candidate bindings of ``op``'s axis
+    space (its explicit bindings, the exact bindings and the corners of the ranges of its
+    hooks' ``var_space``) satisfies the definition's constraints: every draw would then be
+    rejected, and a property run could say nothing."""
+    sp = _space(space)
+    base, vs = load(op), hooks_of(op).var_space.get(sp.name)
+    candidates, limit = _candidates(op, sp)
     if any(_fits(b, limit) for b in candidates):
         return
     tried = "; ".join(dict(b.var).__repr__() for b in candidates[:6])
