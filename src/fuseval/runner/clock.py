@@ -23,6 +23,9 @@ One timed run of an implementation on one case:
 * **watched calls**: a few calls with the whole device synchronised before and after
   each, an event recorded once every stream of the process is idle; their span covers
   work on any stream, which fuseval's process compares with the events' interval;
+  the host's time to return from each call (timed and watched) is kept too: a watched
+  call starts on an idle device, so a call whose launches take longer than its kernels
+  spans its launches there, while the timed calls' launches hide behind the L2 flush;
 * **empty calls** timed the same way, to subtract what the synchronisation itself costs.
 """
 from __future__ import annotations
@@ -135,10 +138,13 @@ def run_timed(fn: Callable[..., Any], sets: Sequence[Sequence[Any]], activation:
     if cuda:
         starts = [_Event(enable_timing=True) for _ in range(reps)]
         ends = [_Event(enable_timing=True) for _ in range(reps)]
+        launch_ms = []
         for i in range(reps):
             args = prepare()
             _event_record(starts[i])
+            h0 = _perf_counter()
             out = fn(*args)
+            launch_ms.append((_perf_counter() - h0) * 1e3)
             _event_record(ends[i])
             if i < keep:
                 kept.append(out)
@@ -147,7 +153,7 @@ def run_timed(fn: Callable[..., Any], sets: Sequence[Sequence[Any]], activation:
         loop_s = _perf_counter() - loop_t0
         times = [_event_elapsed(s, e) for s, e in zip(starts, ends)]
     else:
-        times = []
+        times, launch_ms = [], []
         for i in range(reps):
             args = prepare()
             t0 = _perf_counter()
@@ -160,24 +166,26 @@ def run_timed(fn: Callable[..., Any], sets: Sequence[Sequence[Any]], activation:
     watched_pairs = [_watched(fn, prepare, device) for _ in range(watched)] if cuda else []
     empty_pairs = [_watched(lambda *a: None, prepare, device) for _ in range(watched)] if cuda else []
     return ({"times_ms": times, "first_call": first, "warmup_calls": warmup_calls, "kept": len(kept),
-             "loop_s": loop_s, "watched": watched_pairs, "empty": empty_pairs, "sets": len(sets),
+             "loop_s": loop_s, "launch_ms": launch_ms, "watched": watched_pairs, "empty": empty_pairs, "sets": len(sets),
              "output_bytes": out_bytes}, kept)
 
 
 def _watched(fn, prepare, device) -> list[float]:
-    """[events' interval, span to every stream idle] of one call, in ms, the device idle
-    before it."""
+    """[events' interval, span to every stream idle, host time to return] of one call, in
+    ms, the device idle before it."""
     args = prepare()
     start, end, idle = _Event(enable_timing=True), _Event(enable_timing=True), _Event(enable_timing=True)
     _sync(device)
     _event_record(start)
+    h0 = _perf_counter()
     out = fn(*args)
+    host_ms = (_perf_counter() - h0) * 1e3
     _event_record(end)
     _sync(device)
     _event_record(idle)
     _sync(device)
     del out
-    return [_event_elapsed(start, end), _event_elapsed(start, idle)]
+    return [_event_elapsed(start, end), _event_elapsed(start, idle), host_ms]
 
 
 def _tensors(out: Any) -> list[torch.Tensor]:

@@ -8,8 +8,10 @@ A timed run is **refused** (its time is not reported as a time) when:
   unique: a cache or a replay answers with a stale result);
 * ``unwatched_stream``: on the watched calls, work went on after the call's end event
   (work on another stream, or launched from a thread, that the events did not cover);
-* ``unwatched_faster``: the timed calls were much faster than the same calls watched on
-  every stream (an implementation that behaves only when watched);
+* ``unwatched_faster``: the timed calls were much faster than the device's work in the
+  same calls watched on every stream (what a watched call spans beyond the host's time to
+  launch it: a launch-bound call is no offence), or the watched calls took the host much
+  longer to return than the timed ones (an implementation that behaves only when watched);
 * ``uneven_calls``: the calls' mean (the slowest 2% left out: a stall now and then is not
   work) is well above their median: work batched into some calls, the others answering
   from it;
@@ -42,6 +44,8 @@ FLOOR_MARGIN = 0.03        # a median this far below the floor is impossible, no
 UNEVEN_FACTOR = 1.5        # mean of the calls (the slowest 2% left out) over their median that
                            # means work batched into some of the calls
 UNWATCHED_SLACK_MS = 0.02  # what the device's synchronisation may add to a watched call
+HOST_FACTOR = 3.0          # a watched call's host time over a timed call's, plus HOST_SLACK_MS,
+HOST_SLACK_MS = 0.1        # that means the call behaves differently when watched
 
 @dataclass
 class Timing:
@@ -223,13 +227,25 @@ def judge(raw: Mapping[str, Any], floor_ms: float | None, *, host_clock: bool = 
         span = statistics.median(float(p[1]) for p in watched)
         sync = statistics.median(float(p[1]) for p in empty)
         work = max(0.0, span - sync)
-        run.watched = {"events_ms": events, "span_ms": span, "sync_ms": sync}
+        # the host's time to return from a call: on the idle device of a watched call, the
+        # device waits for the launches, which the span then holds (a launch-bound call);
+        # the timed calls' launches overlap the flush before them. What the span holds
+        # beyond them is the device's own work.
+        host_watched = statistics.median(float(p[2]) for p in watched) if all(len(p) > 2 for p in watched) else 0.0
+        launches = [float(t) for t in raw.get("launch_ms") or []]
+        host_timed = statistics.median(launches) if launches else None
+        device_work = max(0.0, work - host_watched)
+        run.watched = {"events_ms": events, "span_ms": span, "sync_ms": sync, "host_ms": host_watched,
+                       "host_timed_ms": host_timed}
         if work > 1.25 * events + UNWATCHED_SLACK_MS:
             refused.append(("unwatched_stream", f"watched calls: the events saw {events:.4f} ms, every stream "
                             f"was busy {work:.4f} ms: {REFUSALS['unwatched_stream']}"))
-        elif work > UNWATCHED_SLACK_MS and med < 0.5 * work:
-            refused.append(("unwatched_faster", f"timed median {med:.4f} ms, watched calls {work:.4f} ms: "
-                            f"{REFUSALS['unwatched_faster']}"))
+        elif host_timed is not None and host_watched > HOST_FACTOR * host_timed + HOST_SLACK_MS:
+            refused.append(("unwatched_faster", f"watched calls took the host {host_watched:.4f} ms to return, "
+                            f"timed calls {host_timed:.4f} ms: {REFUSALS['unwatched_faster']}"))
+        elif device_work > UNWATCHED_SLACK_MS and med < 0.5 * device_work:
+            refused.append(("unwatched_faster", f"timed median {med:.4f} ms, watched calls {work:.4f} ms of which "
+                            f"{device_work:.4f} ms after the host returned: {REFUSALS['unwatched_faster']}"))
     if floor_ms is not None and floor_ms > 0 and med < (1.0 - FLOOR_MARGIN) * floor_ms:
         refused.append(("below_floor", f"median {med:.4f} ms is {floor_ms / med:.2f}x faster than the floor "
                         f"{floor_ms:.4f} ms: {REFUSALS['below_floor']}; the likely cause is work that was "

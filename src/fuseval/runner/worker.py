@@ -483,7 +483,7 @@ class Worker:
             if self._status(reply, res, "timed"):
                 res.status = "ok"
                 res.timing = {k: reply.get(k) for k in ("times_ms", "first_call", "warmup_calls", "kept", "loop_s",
-                                                        "watched", "empty", "sets", "output_bytes")}
+                                                        "launch_ms", "watched", "empty", "sets", "output_bytes")}
                 res.outputs = reply.get("outputs") or []
         finally:
             self._after_call(shared, res)
