@@ -127,6 +127,9 @@ class _Call:
     arg_dtypes: dict[int, torch.dtype]   # flat position -> dtype of each tensor argument
     seed: bool                           # a quantizing cast (its slice stays native)
     cast: tuple[str, str] | None = None  # (from dtype, to dtype) of a cast-like call
+    # flat position -> each dtype argument as the native run passed it (a kept call gets these back:
+    # ``dtype = x.dtype`` read off a lifted tensor is float64 in the replay)
+    dtype_args: dict[int, torch.dtype] = field(default_factory=dict)
 
 
 class _Trace(TorchFunctionMode):
@@ -187,7 +190,8 @@ class _Trace(TorchFunctionMode):
             cast = (_dtype_name(tensors[0][1].dtype), _dtype_name(outs[0].dtype))
         elif "dtype" in kwargs and outs and name not in _CASTS:
             cast = ("new", _dtype_name(outs[0].dtype))
-        self.calls.append(_Call(key, deps, mutated, {p: t.dtype for p, t in tensors}, seed, cast))
+        self.calls.append(_Call(key, deps, mutated, {p: t.dtype for p, t in tensors}, seed, cast,
+                                {p: x for p, x in enumerate(flat) if isinstance(x, torch.dtype)}))
         return out
 
     def slice_of_quantizers(self, outputs: Sequence[Any]) -> set[int]:
@@ -235,7 +239,12 @@ class _Lift(TorchFunctionMode):
         flat, spec = tree_flatten((args, kwargs))
         if i in self.keep:
             for pos, x in enumerate(flat):
-                if isinstance(x, torch.Tensor):
+                native_dtype = record.dtype_args.get(pos)
+                if isinstance(x, torch.dtype) and native_dtype is not None and x != native_dtype:
+                    # a dtype the reference read off a lifted tensor (``out_dtype=x.dtype``): the
+                    # quantizer slice runs as written, so it gets the native run's
+                    flat[pos] = native_dtype
+                elif isinstance(x, torch.Tensor):
                     x = self.native_of.get(id(x), x)
                     want = record.arg_dtypes.get(pos)
                     if want is not None and x.dtype != want:
