@@ -56,7 +56,7 @@ import torch
 from .. import operators
 from ..operators import implementations as _ops
 from .render import plot_report, print_bench_report, write_outputs
-from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped,  # noqa: F401 - the timer's defaults Ceilings, SustainedRate, Timing,
+from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
                        _require_cuda, floor_seconds, measure_ceilings, measure_sustained, square_matmul,
                        sustained_rate, time_call, timer_rules)
 from ..definitions import Definition
