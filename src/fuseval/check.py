@@ -34,14 +34,14 @@ import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
 from .operators import implementations as _ops
 from .comparison import RULES, BlindOutput, OutputMetrics, blind_outputs, compare
 from .definitions import Case, Definition, Tolerance
-from .errors import VIOLATION_EXIT, NoDeviceError, UsageError
+from .errors import VIOLATION_EXIT, NoDeviceError, UsageError, user_input
 from .hygiene import (NO_OUTPUTS, draw_hygiene_seed, fingerprint, input_groups, judge_partial_calls, partial_calls,
                       poison_allocator, same_outputs)
 from .runner.in_process import Local, as_tuple, sync
@@ -49,12 +49,13 @@ from .inputs import generate_inputs
 from .oracles import oracle_note, reference_refusal, side_oracles
 from .validate import bind_axes, check_outputs_shape, expected_outputs
 from . import diagnosis
-from .definitions import parse_selection
 from .inputs import load_inputs, save_inputs
+from .requests import CheckRequest, as_request
+from .validation import check_cases_in, check_selection
 from .runner import integrity, isolation
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
-           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local",
+           "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local", "run_check", "CheckRequest",
            "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS", "oracle_note"]
 
 # the failing cases of a check whose known mistakes are ranked (each costs a run of every
@@ -398,30 +399,13 @@ def resolve_device(device: str | torch.device | None) -> torch.device:
     return device
 
 
-def validate_selection(selection: Any, n: int) -> None:
-    """Reject a case selection that selects nothing or a case twice (``ValueError`` naming
-    the selection); the definition's parser does the rest."""
-    if selection is None or selection == "all":
-        return
-    if isinstance(selection, str) and not selection.strip(" ,"):
-        raise ValueError(f"case selection {selection!r} is empty; give indices such as '0,3,5-7' or 'all'")
-    idx = parse_selection(selection, n)
-    if not idx:
-        raise ValueError(f"case selection {list(selection)!r} selects no case (cases are 0..{n - 1})")
-    dup = sorted({i for i in idx if idx.count(i) > 1})
-    if dup:
-        raise ValueError(f"case selection {selection!r} selects case(s) {dup} more than once")
-
-
-def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
-          cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
-          seed: int | None = None, mode: str = "benchmark", hygiene: bool = True,
-          progress: Callable[[CaseResult, int, int], None] | None = None,
-          variant: str | None = None, against: str = "reference", rules: str = "fuseval",
-          predict: bool = True, isolate: bool | None = None, timeout: float | None = None, blind_witness: bool = False,
-          save_failing: str | None = None, replay: str | None = None,
-          hygiene_seed: int | None = None, diagnose: bool | str = True) -> CheckReport:
+def check(op: str | Definition | CheckRequest, impl: str | Callable | None = None, **options: Any) -> CheckReport:
     """Check ``impl`` (name, 'module:function' or callable) on ``op``'s benchmark cases.
+
+    The keyword arguments are the fields of :class:`fuseval.requests.CheckRequest`, and
+    ``check(request)`` takes such a request whole (what the command line builds); either
+    is validated here, once (a :class:`~fuseval.errors.UsageError`, also a ValueError,
+    naming the first bad option), and :func:`run_check` runs it.
 
     ``seed``: case i draws its inputs from seed + i; None (the default) draws the seed at
     random (``report.seed`` has it, ``report.seed_drawn`` says so), so that an
@@ -429,7 +413,11 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     hygiene rules draw from seeds of their own, at random per case (``hygiene_seed``
     fixes them, to replay a case exactly; each case records its own).
 
-    ``config``: "seed" (full size), "small" or another named scaled-down configuration.
+    ``config``: "seed" (full size), "small" (the default) or another named scaled-down
+    configuration. ``cases``: a selection ("0,3,5-7", a list of indices; None: all).
+    ``device``: "cpu" (the default), "cuda", "cuda:N", a torch.device, or None (CUDA when
+    there is one). ``mode``: "benchmark" or "realistic" inputs. ``hygiene``: apply the
+    hygiene rules. ``progress(result, done, total)``: called after every case.
     ``variant``: a named semantic variant of the operator (default: the benchmark's).
     ``against``: the implementation the outputs are compared with ("reference": the
     float64 oracle; "sol_reference": the benchmark's reference in its own precision);
@@ -455,31 +443,38 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
     :data:`DIAGNOSE_MUTANT_CASES` of them; nothing runs for a passing case. A level of
     :func:`run_case` ("anatomy", "mutants", "full") applies that level to every case.
     Returns a :class:`CheckReport`; ``report.passed`` is True only if every case passed."""
+    return run_check(as_request(CheckRequest, op, impl, options).validated())
+
+
+def run_check(request: CheckRequest) -> CheckReport:
+    """Run a validated :class:`~fuseval.requests.CheckRequest` (see :func:`check`). What
+    depends on the operator (its configuration, the cases selected, ``against``) is
+    checked here, once the operator is loaded, naming the option as the request does."""
     t_start = time.perf_counter()
-    if rules not in RULES:
-        raise ValueError(f"rules: expected one of {', '.join(RULES)}, got {rules!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0
-                                or not math.isfinite(timeout)):
-        raise ValueError(f"timeout: expected a finite number of seconds >= 0 (0: none), got {timeout!r}")
-    seed_drawn = seed is None
-    seed = draw_seed() if seed is None else validate_seed(seed, "seed")
-    if hygiene_seed is not None:
-        validate_seed(hygiene_seed, "hygiene_seed")
-    operator = _ops.get(op, config, variant)
+    r = request
+    impl, cases, mode, timeout = r.impl, r.cases, r.mode, r.timeout
+    seed_drawn = r.seed is None
+    seed = draw_seed() if r.seed is None else r.seed
+    with user_input(r.name("config")):
+        operator = _ops.get(r.op, r.config, r.variant)
     defn = operator.definition
-    validate_against(defn, impl, against)
     if impl == "reference":
-        raise ValueError(reference_refusal(defn))
-    dev = resolve_device(device)
+        raise UsageError(f"{r.name('impl')} {reference_refusal(defn)}")
+    validate_against(defn, impl, r.against, r.name("against"))
+    dev = resolve_device(r.device)
     replayed = None
-    if replay is not None:
-        replayed, meta = read_replay(replay, defn, dev)
+    if r.replay is not None:
+        try:
+            replayed, meta = read_replay(r.replay, defn, dev)
+        except ReplayFileError as exc:
+            raise UsageError(f"{r.name('replay')}: {exc}") from None
         cases, seed, mode = [meta["case"]], meta["seed"] - meta["case"], meta.get("mode", mode)
         seed_drawn = False
-    validate_selection(cases, len(defn.seed_cases))
-    runner, isolated, timeout = _runner(operator, impl, dev, isolate, timeout)
-    reference = operator.implementation(against)
-    predictor, benchmark_reference = side_oracles(operator, impl, against, rules, predict, blind_witness)
+    check_cases_in(cases, len(defn.seed_cases), r.name("cases"))
+    runner, isolated, timeout = _runner(operator, impl, dev, r.isolate, timeout)
+    reference = operator.implementation(r.against)
+    predictor, benchmark_reference = side_oracles(operator, impl, r.against, r.rules, r.predict, r.blind_witness)
+    diagnose, progress, hygiene, save_failing = r.diagnose, r.progress, r.hygiene, r.save_failing
     results = []
     selected = defn.cases(cases)
     setup = time.perf_counter() - t_start
@@ -496,8 +491,8 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
                 ("mutants" if diagnosed < DIAGNOSE_MUTANT_CASES else "anatomy")
             oracle_note(reference)
             result = run_case(defn, runner, case, seed=seed, device=dev, mode=mode, reference=reference,
-                              inputs=replayed, hygiene=hygiene, rules=rules, predictor=predictor, timeout=timeout,
-                              hygiene_seed=hygiene_seed, diagnose=level, benchmark_reference=benchmark_reference)
+                              inputs=replayed, hygiene=hygiene, rules=r.rules, predictor=predictor, timeout=timeout,
+                              hygiene_seed=r.hygiene_seed, diagnose=level, benchmark_reference=benchmark_reference)
             result.oracle = oracle_note(reference)
             diagnosed += result.diagnosis is not None
             if "timeout" in result.violations:
@@ -508,7 +503,7 @@ def check(op: str | Definition, impl: str | Callable, *, config: str | Mapping[s
         if progress:
             progress(result, n + 1, len(selected))
     return CheckReport(defn.name, _ops.impl_label(impl), defn.config, str(dev), seed, mode,
-                       asdict(defn.tolerance), results, defn.variant, against, rules, isolated=isolated,
+                       asdict(defn.tolerance), results, defn.variant, r.against, r.rules, isolated=isolated,
                        case_config=defn.case_config, setup_seconds=setup,
                        wall_seconds=time.perf_counter() - t_start, seed_drawn=seed_drawn,
                        confinement=getattr(runner, "confinement_text", "in fuseval's own process (trusted)"))
@@ -521,22 +516,22 @@ def draw_seed() -> int:
     return secrets.randbelow(2 ** 31 - 1)
 
 
-def validate_seed(seed: Any, what: str) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63:
-        raise ValueError(f"{what}: expected an integer in [0, 2**63), got {seed!r}")
-    return seed
+def validate_selection(selection: Any, n: int) -> None:
+    """Reject a case selection that selects nothing, a case twice or a case the operator's
+    ``n`` cases do not have (a UsageError, also a ValueError, naming the selection)."""
+    check_cases_in(check_selection(selection), n)
 
 
-def validate_against(defn: Definition, impl: Any, against: Any) -> None:
+def validate_against(defn: Definition, impl: Any, against: Any, what: str = "against") -> None:
     """``against`` names one of the operator's own implementations (fuseval's code, run in
     fuseval's process), never a 'module:function' of the user's, and not the
     implementation under check itself."""
     if not isinstance(against, str) or against not in defn.implementations:
-        raise UsageError(f"--against: expected one of the operator's own implementations "
+        raise UsageError(f"{what}: expected one of the operator's own implementations "
                          f"({', '.join(defn.implementations)}), got {against!r}: what a verdict compares with "
                          "runs in fuseval's process, so it is never an implementation of the user's")
     if isinstance(impl, str) and impl == against:
-        raise UsageError(f"--against: the implementation under check ({impl!r}) cannot be what it is compared with")
+        raise UsageError(f"{what}: the implementation under check ({impl!r}) cannot be what it is compared with")
 
 
 def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int, mode: str,

@@ -34,6 +34,7 @@ import torch
 
 from .definitions import TensorSpec, Tolerance
 from .inputs import exact_dtype
+from .validation import check_one_of
 
 __all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION",
            "read_scalars"]
@@ -73,8 +74,7 @@ class OutputMetrics:
 def compare(out: torch.Tensor, ref: torch.Tensor, tol: Tolerance, name: str = "output",
             rules: str = "fuseval") -> OutputMetrics:
     """Compare an implementation's output with the oracle's under ``tol`` and ``rules``."""
-    if rules not in RULES:
-        raise ValueError(f"rules: expected one of {RULES}, got {rules!r}")
+    check_one_of(rules, RULES, "rules")
     if rules == "fuseval" and (exact_dtype(out.dtype) or exact_dtype(ref.dtype)):
         return _compare_exact(out, ref, tol, name)
     if rules == "sol":

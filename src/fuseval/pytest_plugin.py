@@ -105,23 +105,21 @@ def _option(config, name: str) -> Any:
 
 
 def _settings(config) -> dict[str, Any]:
+    """The gate's options from pytest's command line or ini file, checked by the gate
+    request's helpers (:mod:`fuseval.validation`), as ``fuseval gate`` checks them."""
+    from .commands import as_number
+    from .errors import UsageError
+    from .validation import check_one_of, check_seeds, check_timeout
     components = _option(config, "components") or ",".join(COMPONENT_NAMES)
     names = [c.strip() for c in str(components).split(",") if c.strip()]
-    for c in names:
-        if c not in COMPONENT_NAMES:
-            raise pytest.UsageError(f"fuseval: unknown gate component {c!r}; expected {', '.join(COMPONENT_NAMES)}")
-    seeds = _option(config, "seeds")
+    seeds, timeout = _option(config, "seeds"), _option(config, "timeout")
     try:
-        seeds = int(seeds) if seeds is not None else None
-    except ValueError:
-        raise pytest.UsageError(f"fuseval_seeds must be an integer, got {seeds!r}") from None
-    timeout = _option(config, "timeout")
-    try:
-        timeout = float(timeout) if timeout is not None else None
-    except ValueError:
-        raise pytest.UsageError(f"fuseval_timeout must be a number of seconds, got {timeout!r}") from None
-    if seeds is not None and seeds < 1:
-        raise pytest.UsageError(f"fuseval seeds must be >= 1, got {seeds}")
+        for c in names:
+            check_one_of(c, COMPONENT_NAMES, "fuseval_components")
+        seeds = check_seeds(None if seeds is None else as_number(str(seeds)), "fuseval_seeds")
+        timeout = check_timeout(None if timeout is None else as_number(str(timeout)), "fuseval_timeout")
+    except UsageError as exc:
+        raise pytest.UsageError(f"fuseval: {exc}") from None
     return {"profile": _option(config, "profile") or "ci", "components": names,
             "cases": _option(config, "cases"), "seeds": seeds,
             "strict": bool(config.getoption("--fuseval-strict")), "out": _option(config, "out"),

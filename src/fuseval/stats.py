@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
-from .check import check
+from .check import run_check
+from .requests import CheckRequest
+from .validation import check_fraction, check_seeds, check_selection
 from .terminal import fmt_number
 
 __all__ = ["MetricStats", "StatsReport", "check_over_seeds", "judge", "seed_list", "seed_values",
@@ -47,9 +49,9 @@ SEED_STRIDE = 1000
 
 
 def seed_list(n: int, base: int = 0) -> list[int]:
-    """``n`` seeds for a repeated check: base, base + 1000, base + 2000, ..."""
-    if n < 1:
-        raise ValueError(f"the number of seeds must be >= 1, got {n}")
+    """``n`` seeds for a repeated check: base, base + 1000, base + 2000, ... (``n`` >= 1:
+    :func:`fuseval.validation.check_seeds`)."""
+    check_seeds(n)
     return [base + SEED_STRIDE * k for k in range(n)]
 
 
@@ -110,8 +112,7 @@ def judge(values: Sequence[float], *, direction: str, threshold: float | None,
     ``where``: (case, seed) of each sample, to name the worst one."""
     if direction not in ("min", "max"):
         raise ValueError(f"direction must be 'min' or 'max', got {direction!r}")
-    if not 0.0 <= warn_margin <= 1.0:
-        raise ValueError(f"warn_margin must be a fraction in [0, 1], got {warn_margin!r}")
+    check_fraction(warn_margin, "warn_margin")
     vals = [float(v) for v in values]
     if not vals:
         raise ValueError(f"{output} {metric}: no samples to judge")
@@ -307,18 +308,25 @@ def check_over_seeds(op, impl, *, config="small", cases=None, device="cpu", seed
     and leaves the slow large ones to the first seed.
     ``progress(seed, result, done, total)`` is called after every case. ``isolate`` and
     ``timeout`` and ``blind_witness``: as in :func:`fuseval.check.check` (one worker serves
-    every seed)."""
-    seeds = seed_values(seeds)
-    if not seeds:
-        raise ValueError(f"seeds: expected at least one seed, got {seeds!r}")
+    every seed). The options are validated once (:class:`fuseval.requests.CheckRequest`)."""
+    request = CheckRequest(op, impl, config=config, cases=cases, device=device, mode=mode, isolate=isolate,
+                           timeout=timeout, blind_witness=blind_witness).validated()
+    extra = None if extra_seed_cases is None else check_selection(extra_seed_cases, "extra_seed_cases")
+    return over_seeds(request, seed_values(check_seeds(seeds)), hygiene=hygiene, warn_margin=warn_margin,
+                      extra_seed_cases=extra, progress=progress)
+
+
+def over_seeds(request: CheckRequest, seeds: Sequence[int], *, hygiene: str | bool = "first",
+               warn_margin: float = DEFAULT_WARN_MARGIN, extra_seed_cases=None,
+               progress: Callable[..., None] | None = None) -> StatsReport:
+    """:func:`check_over_seeds` of a validated request, trusted: one check per seed of
+    ``seeds`` (the request's own seed and progress are replaced)."""
     reports = []
     for k, s in enumerate(seeds):
         cb = None
         if progress is not None:
             cb = (lambda result, done, total, _s=s: progress(_s, result, done, total))
         use_hygiene = bool(hygiene) if hygiene != "first" else k == 0
-        selection = cases if k == 0 or extra_seed_cases is None else extra_seed_cases
-        reports.append(check(op, impl, config=config, cases=selection, device=device, seed=s, mode=mode,
-                             hygiene=use_hygiene, progress=cb, isolate=isolate, timeout=timeout,
-                             blind_witness=blind_witness))
+        selection = request.cases if k == 0 or extra_seed_cases is None else extra_seed_cases
+        reports.append(run_check(replace(request, seed=s, cases=selection, hygiene=use_hygiene, progress=cb)))
     return stats_from_reports(reports, warn_margin=warn_margin)

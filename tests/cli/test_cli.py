@@ -281,7 +281,7 @@ def test_a_bug_deep_in_a_command_is_exit_70_not_a_usage_error(capsys, monkeypatc
 
     def buggy_check(*a, **k):
         raise ValueError("operands could not be broadcast together")
-    monkeypatch.setattr(fc, "check", buggy_check)
+    monkeypatch.setattr(fc, "run_check", buggy_check)   # what the command runs, once its request is validated
     rc, _, err = fuseval(capsys, "check", "--op", OP_B, "--impl", "torch", "--cases", "0")
     assert rc == EXIT_INTERNAL and "Traceback" in err and "broadcast" in err
 
@@ -299,9 +299,11 @@ def test_usage_errors_exit_with_a_message(capsys, argv, needles):
 
 def test_argparse_errors_and_no_command(capsys):
     with pytest.raises(SystemExit) as e:
-        cli.main(["check", "--op", OP_A, "--mode", "weird"])
+        cli.main(["check", "--op", OP_A, "--impl", "torch", "--no-such-option"])
     assert e.value.code == EXIT_USAGE
-    assert "weird" in capsys.readouterr().err
+    assert "--no-such-option" in capsys.readouterr().err
+    rc, _, err = fuseval(capsys, "check", "--op", OP_A, "--impl", "torch", "--mode", "weird")
+    assert rc == EXIT_USAGE and "--mode" in err and "weird" in err
     rc, out, _ = fuseval(capsys)
     assert rc == EXIT_USAGE and "check" in out and "list" in out
 

@@ -163,6 +163,6 @@ def test_malformed_baseline_file(tmp_path, capsys, content, words):
 
 def test_bad_options_are_usage_errors(capsys, tmp_path):
     code, out, err = run(["gate", "--op", OP, "--impl", "torch", "--skip", "lint", "--out", str(tmp_path)], capsys)
-    assert code == EXIT_USAGE and "--skip 'lint'" in err
+    assert code == EXIT_USAGE and "--skip: expected one of check, properties, budget, got 'lint'" in err
     code, out, err = run(["check", "--op", OP, "--impl", "torch", "--cases", "99"], capsys)
     assert code == EXIT_USAGE and "out of range" in err

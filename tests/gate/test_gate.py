@@ -216,9 +216,9 @@ def test_bad_gate_input_raises_with_distinct_exit_codes():
     with pytest.raises(FusevalError) as e:
         run_gate(OP, "no_such_module_xyz:fn", **FAST)
     assert e.value.exit_code == EXIT_IMPORT_ERROR and "no_such_module_xyz" in str(e.value)
-    with pytest.raises(FusevalError, match="unknown gate profile"):
+    with pytest.raises(FusevalError, match="profile: expected one of ci, thorough, gpu, got 'nightly'"):
         run_gate(OP, "torch", profile="nightly", **FAST)
-    with pytest.raises(FusevalError, match="unknown gate component"):
+    with pytest.raises(FusevalError, match="components: expected one of check, properties, budget, got 'lint'"):
         run_gate(OP, "torch", components=["lint"])
     for bad, needle in ((dict(device="tpu"), "cpu, cuda or cuda:N"), (dict(cases="99"), "out of range"),
                         (dict(config="bogus"), "unknown config"), (dict(warn_margin=2.0), "warn_margin"),
@@ -302,17 +302,17 @@ def _faked_check(monkeypatch, blind: dict[int, list] | None = None):
     given: {seed: [BlindOutput]}), so the gate's sums and verdicts can be checked against
     hand arithmetic."""
     fc = sys.modules["fuseval.check"]          # the module (fuseval.check is also the function)
-    real = fc.check
+    real = fc.run_check
 
-    def faked(*args, **kwargs):
-        report = real(*args, **kwargs)
+    def faked(request):
+        report = real(request)
         mine = (blind or {}).get(report.seed, [])
         for c in report.cases:
             c.timings = dict(zip(TIMING_KEYS, (0.5, 0.25, 0.125, 0.0625, 1.0)))
             c.blind = [b for b in mine if b.case == c.case]
         return report
-    monkeypatch.setattr(fc, "check", faked)
-    monkeypatch.setattr("fuseval.stats.check", faked)       # where the gate's check over seeds looks it up
+    monkeypatch.setattr(fc, "run_check", faked)
+    monkeypatch.setattr("fuseval.stats.run_check", faked)   # where the gate's check over seeds looks it up
 
 
 def test_timing_breakdown_per_component_and_case(monkeypatch, tmp_path, capsys):
@@ -510,13 +510,12 @@ def test_budget_leaves_the_partial_cache_calls_to_the_check_of_the_same_run(tmp_
     (tmp_path / "gate_cache_mod.py").write_text(_weights_cache_module())
     monkeypatch.syspath_prepend(str(tmp_path))
     calls = []
-    real = budget_pkg.run_budget
+    real = budget_pkg.runner.run_request
 
-    def spy(*a, **kw):
-        calls.append(kw.get("hygiene", True))
-        return real(*a, **kw)
-    monkeypatch.setattr(budget_pkg, "run_budget", spy)
-    monkeypatch.setattr("fuseval.gate.components.run_budget", spy)   # where the gate looks it up
+    def spy(request):
+        calls.append(request.hygiene)
+        return real(request)
+    monkeypatch.setattr("fuseval.gate.components.run_budget_request", spy)   # where the gate looks it up
     both = run_gate(OP, "gate_cache_mod:impl", components=["check", "budget"], cases="0,1", seeds=1,
                     budget_cases="0", isolate=False)
     assert calls == [False]
@@ -583,9 +582,9 @@ def test_pool_processes_get_a_gpu_each_when_there_is_one_for_each(monkeypatch):
 def test_warmup_takes_every_case_shape_of_check_and_budget_once(tmp_path):
     from fuseval.gate import warmup
     from fuseval.gate.context import context, settings
-    s = settings(profile="ci", device="cpu", config=None, cases="0-3", seeds=1, mode="benchmark", warn_margin=None,
-                 strict=False, budget_config=None, budget_cases="1,2", budget=None, out=None, progress=None,
-                 isolate=False, timeout=None, components=["check", "budget"])
+    from fuseval.gate.request import GateRequest
+    s = settings(GateRequest(OP, "torch", profile="ci", device="cpu", cases="0-3", seeds=1, budget_cases="1,2",
+                             isolate=False, components=["check", "budget"]).validated())
     ctx = context(OP, "torch", s)
     items = warmup.shapes([ctx])
     from fuseval.operators import load

@@ -67,6 +67,10 @@ from ..check import _runner, run_case
 from ..inputs import generate_inputs
 from ..operators.implementations import resolve_impl
 from ..oracles import SOL_REFERENCE
+from ..errors import user_input
+from ..validation import check_cases_in
+from .request import BenchRequest
+from ..requests import as_request
 from .clocks import ClockMonitor, summarize as summarize_clocks, wall
 
 __all__ = ["BenchSkipped", "Ceilings", "measure_ceilings", "measure_sustained", "Timing", "time_call",
@@ -205,27 +209,36 @@ def _check_summary(result) -> dict[str, Any]:
                 "matched_ratio": {m.name: m.matched_ratio for m in pred.outputs}}}
 
 
-def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
-              cases: Sequence[int] | str | None = None, config: str = "seed",
-              device: str | torch.device = "cuda", seed: int | None = None, mode: str = "benchmark",
-              check: bool = False, hygiene: bool = True, flush: bool = True,
-              warmup_ms: float = WARMUP_MS, rep_ms: float = REP_MS, min_reps: int = MIN_REPS,
-              max_reps: int = MAX_REPS,
-              ceilings: Ceilings | None = None, monitor_clocks: bool = True, sustained_s: float = 0.0,
-              parts: bool = True, progress: Callable[[str], None] | None = None) -> BenchReport:
-    """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring.
+def run_bench(op: str | Definition | BenchRequest, impls: Sequence[str] | None = None,
+              **options: Any) -> BenchReport:
+    """Time ``impls`` of ``op`` on its benchmark cases; see the module docstring. The
+    keyword arguments are the fields of :class:`fuseval.bench.request.BenchRequest`
+    (``cases``, ``config`` "seed", ``device`` "cuda", ``seed``, ``mode``, ``check``,
+    ``hygiene``, ``flush``, the timer's ``warmup_ms``, ``rep_ms``, ``min_reps``,
+    ``max_reps``, ``ceilings``, ``progress`` and the below), and ``run_bench(request)``
+    takes such a request whole (what the command line builds); either is validated here,
+    once, and :func:`run_request` runs it.
     ``monitor_clocks``: sample the GPU's SM clock and power while timing (``fuseval.bench.clocks``).
     ``sustained_s``: also measure the matmul ceiling of the operator's dtype(s) sustained
     for that many seconds, and give each case a sustained floor (0: not). ``parts``: also
     time the fast path's parts apart (:mod:`fuseval.bench.parts`) where its operator declares them."""
+    return run_request(as_request(BenchRequest, op, impls, options).validated())
 
-    if sustained_s < 0:
-        raise ValueError(f"sustained_s: expected seconds >= 0 (0 = off), got {sustained_s}")
+
+def run_request(request: BenchRequest) -> BenchReport:
+    """Run a validated :class:`~fuseval.bench.request.BenchRequest` (see :func:`run_bench`)."""
+    r = request
+    op, impls, cases, config, device, seed, mode = r.op, r.impls, r.cases, r.config, r.device, r.seed, r.mode
+    check, hygiene, flush, ceilings, parts, progress = r.check, r.hygiene, r.flush, r.ceilings, r.parts, r.progress
+    warmup_ms, rep_ms, min_reps, max_reps = r.warmup_ms, r.rep_ms, r.min_reps, r.max_reps
+    monitor_clocks, sustained_s = r.monitor_clocks, r.sustained_s
+    with user_input(r.name("config")):
+        operator = _ops.get(op, config)
+    defn = operator.definition
+    check_cases_in(cases, len(defn.seed_cases), r.name("cases"))
     device = torch.device(device)
     if device.type != "cpu":
         _require_cuda(device)
-    operator = _ops.get(op, config)
-    defn = operator.definition
     spec = bench_spec(defn, impls)
     if not parts or device.type != "cuda":
         spec.parts = None

@@ -38,6 +38,7 @@ import torch
 from ..operators import implementations as _ops
 from ..check import poison_allocator, resolve_device
 from ..definitions import Definition
+from ..errors import user_input
 from ..inputs import TORCH_DTYPES, generate_inputs
 from ..runner.isolation import DEFAULT_TIMEOUT, IsolatedImpl, decide
 from .budgetfile import Allowance, Budget, load_budget
@@ -46,6 +47,9 @@ from ..staged import as_tuple, has_params, reference_of, run_until, staged_of
 from .metrics import error_metrics, final_metrics, storage_precision
 from .naive import emulated_stages
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
+from .request import BudgetRequest
+from ..requests import as_request
+from ..validation import check_cases_in
 from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
 from ..runner.in_process import Local
 from ..runner.isolation import IsolationViolation, describe_exception
@@ -377,13 +381,8 @@ class _CaseRunner:
 
 
 # --------------------------------------------------------------------------- a whole run
-def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapping[str, int] = "small",
-               cases: Sequence[int] | str | None = None, device: str | torch.device | None = "cpu",
-               seed: int = 0, mode: str = "benchmark", budget: str | Mapping | Budget | None = None,
-               progress: Callable[[BudgetCase, int, int], None] | None = None,
-               baselines: bool = True, cpu_threads: int | None = None,
-               prefetch: int | None = None, isolate: bool | None = None,
-               timeout: float | None = None, hygiene: bool = True) -> BudgetReport:
+def run_budget(op: str | Definition | BudgetRequest, impl: str | Callable | None = None,
+               **options: Any) -> BudgetReport:
     """Per-stage error-budget report of ``impl`` on ``op``'s benchmark cases.
 
     ``impl``: a name of the operator's table ("fast", "torch", "reference_fp32"...),
@@ -408,8 +407,23 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     caller that applied the same rules to the same cases, seed and inputs already (the
     gate's check component), so that they are not made twice.
 
-    Case i uses inputs drawn with seed + i, like ``fuseval check``."""
-    operator = _ops.get(op, config)
+    Case i uses inputs drawn with seed + i, like ``fuseval check``. The keyword arguments
+    (``config`` "small", ``cases``, ``device`` "cpu", ``seed`` 0, ``mode`` "benchmark" and
+    the above) are the fields of :class:`fuseval.budget.request.BudgetRequest`, and
+    ``run_budget(request)`` takes such a request whole (what the command line builds);
+    either is validated here, once, and :func:`run_request` runs it."""
+    return run_request(as_request(BudgetRequest, op, impl, options).validated())
+
+
+def run_request(request: BudgetRequest) -> BudgetReport:
+    """Run a validated :class:`~fuseval.budget.request.BudgetRequest` (see :func:`run_budget`)."""
+    r = request
+    op, impl, config, cases, device, seed, mode = r.op, r.impl, r.config, r.cases, r.device, r.seed, r.mode
+    budget, progress, baselines, cpu_threads, prefetch = r.budget, r.progress, r.baselines, r.cpu_threads, r.prefetch
+    isolate, timeout, hygiene = r.isolate, r.timeout, r.hygiene
+    with user_input(r.name("config")):
+        operator = _ops.get(op, config)
+    check_cases_in(cases, len(operator.definition.seed_cases), r.name("cases"))
     defn = operator.definition
     bud = load_budget(budget if budget is not None else defn.name, defn)
     dev = resolve_device(device)

@@ -1,11 +1,17 @@
 """Subcommands of the ``fuseval`` CLI, one module each (see fuseval.cli).
 
-A command validates what the user gave before any work: options in argparse (``parse_*``
-below), the operator, configuration and cases through :func:`operator_definition`, paths
-through :func:`writable_file` / :func:`writable_folder`. A mistake is raised as a
-:class:`~fuseval.errors.FusevalError` with its exit code; a library function that says
-"bad input" with a ValueError is called inside :class:`~fuseval.errors.user_input`, which
-converts it. Nothing else is converted: any other exception is a bug (exit 70).
+A command validates what the user gave before any work. ``check``, ``gate``, ``budget``
+and ``bench`` build the request of their entry point from their options (``cli=True``:
+its errors name the options) and hand it to the entry point, which validates it once
+(:mod:`fuseval.requests`, :mod:`fuseval.validation`): argparse here only reads the text
+of a number as a number (:func:`as_number`), so that a bad value gets the same message as
+from the Python API. The other commands check their options in argparse (``parse_*``
+below, through the same :mod:`fuseval.validation` helpers), the operator, configuration
+and cases through :func:`operator_definition`, paths through :func:`writable_file` /
+:func:`writable_folder`. A mistake is raised as a :class:`~fuseval.errors.FusevalError`
+with its exit code; a library function that says "bad input" with a ValueError is called
+inside :class:`~fuseval.errors.user_input`, which converts it. Nothing else is converted:
+any other exception is a bug (exit 70).
 """
 from __future__ import annotations
 
@@ -17,12 +23,11 @@ def operator_definition(op: str, config="seed", cases=None, what_config: str = "
     """The definition of ``op`` in ``config``, with the case selection ``cases`` checked
     against its cases: an unknown operator is its own error, a bad configuration or
     selection a usage error naming the option."""
-    from ..check import validate_selection
     from ..operators import load
+    from ..validation import check_cases_in, check_selection
     with user_input(what_config):
         defn = load(op, config)
-    with user_input(what_cases):
-        validate_selection(cases, len(defn.seed_cases))
+    check_cases_in(check_selection(cases, what_cases), len(defn.seed_cases), what_cases)
     return defn
 
 
@@ -48,14 +53,14 @@ def add_common_arguments(p, *, impl_default: str | None = None, config_default: 
                         "'small', NAME+{JSON} (overrides on a named configuration, its cases scaled as "
                         "NAME's, e.g. 'small+{\"hidden_size\": 96}'), or a JSON object of const-axis "
                         "overrides on the seed sizes (full-size cases) (default: %(default)s)")
-    p.add_argument("--cases", default=None, type=parse_cases,
+    p.add_argument("--cases", default=None,
                    help="subset of cases, e.g. '0,3,5-7' (default: all 16)")
-    p.add_argument("--device", default="cpu", type=parse_device, help="cpu or cuda (default: %(default)s)")
-    p.add_argument("--seed", type=parse_seed, default=None,
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default: %(default)s)")
+    p.add_argument("--seed", type=as_number, default=None,
                    help="input seed; case i uses seed + i (default: drawn at random and printed, so that no "
                         "run's inputs can be known before it)")
-    p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
-                   help="input distribution (default: %(default)s)")
+    p.add_argument("--mode", default="benchmark", help="input distribution: benchmark or realistic "
+                                                       "(default: %(default)s)")
     add_variant_argument(p)
     if impl:
         add_isolation_arguments(p)
@@ -63,7 +68,7 @@ def add_common_arguments(p, *, impl_default: str | None = None, config_default: 
 
 def add_isolation_arguments(p) -> None:
     from ..runner import DEFAULT_TIMEOUT
-    p.add_argument("--timeout", type=parse_timeout, default=None, metavar="SECONDS",
+    p.add_argument("--timeout", type=as_number, default=None, metavar="SECONDS",
                    help=f"seconds each case may spend in the implementation, all its calls together "
                         f"(default: {DEFAULT_TIMEOUT:g}; 0: none); past it the case is 'timeout'")
     p.add_argument("--in-process", action="store_true",
@@ -73,85 +78,62 @@ def add_isolation_arguments(p) -> None:
                         "no timeout")
 
 
-def parse_timeout(value: str) -> float:
+def as_number(value: str):
+    """The text of an option read as an int, else a float, where it is one; otherwise the
+    text itself. Only reading: whether the value fits is the request's check, which names
+    the option, what it expected and what it got, as it does for the Python API."""
+    for kind in (int, float):
+        try:
+            return kind(value.strip())
+        except ValueError:
+            pass
+    return value
+
+
+def _argparse_check(check, value, *args):
+    """``check(value, *args)`` of :mod:`fuseval.validation` as an argparse type, for the
+    commands that check their options in argparse (the message is the helper's)."""
     import argparse
-    import math
+    from ..errors import UsageError
     try:
-        t = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if t < 0 or not math.isfinite(t):
-        raise argparse.ArgumentTypeError(f"expected a finite number of seconds >= 0 (0: none), got {value!r}")
-    return t
+        return check(value, *args)
+    except UsageError as exc:
+        raise argparse.ArgumentTypeError(str(exc).partition(": ")[2] or str(exc)) from None
 
 
 def parse_seed(value: str) -> int:
-    import argparse
-    text = value.strip()
-    if not text.isdigit() or int(text) >= 2 ** 63:
-        raise argparse.ArgumentTypeError(f"expected an integer seed in [0, 2**63), got {value!r}")
-    return int(text)
+    from ..validation import check_seed
+    return _argparse_check(check_seed, as_number(value), "seed")
 
 
 def parse_device(value: str) -> str:
     """'cpu', 'cuda' or 'cuda:N': anything else (tpu, meta, a typo) is a usage error here,
-    before any work (the gate's rule, :func:`fuseval.gate.device_name`)."""
-    import argparse
-    from ..errors import UsageError
-    from ..gate.profiles import device_name
-    try:
-        return device_name(value)
-    except UsageError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    before any work (:func:`fuseval.validation.check_device`)."""
+    from ..validation import check_device
+    return _argparse_check(check_device, value, "device")
 
 
 def parse_cases(value: str) -> str:
     """A case selection ('0,3,5-7', 'all'): empty selections and cases selected twice are
     usage errors (the range against the operator's cases is checked when it is loaded)."""
-    import argparse
-    text = value.strip()
-    if text == "all":
-        return text
-    if not text.strip(" ,"):
-        raise argparse.ArgumentTypeError(f"empty case selection {value!r}; give indices such as '0,3,5-7' or 'all'")
-    from ..definitions import parse_selection
-    try:
-        idx = parse_selection(text, 1 << 30)
-    except ValueError:
-        return text            # malformed: the operator's loader names the cases it has
-    dup = sorted({i for i in idx if idx.count(i) > 1})
-    if dup:
-        raise argparse.ArgumentTypeError(f"case selection {value!r} selects case(s) {dup} more than once")
-    return text
+    from ..validation import check_selection
+    return _argparse_check(check_selection, value.strip(), "cases")
 
 
 def at_least(low: float, kind: type = float):
-    """An argparse type: a number of ``kind`` >= ``low`` (NaN rejected)."""
-    import argparse
-    import math
+    """An argparse type: a number of ``kind`` >= ``low`` (NaN rejected;
+    :func:`fuseval.validation.check_at_least`)."""
+    from ..validation import check_at_least
 
     def parse(value: str):
-        try:
-            x = kind(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'} >= {low:g}, "
-                                             f"got {value!r}") from None
-        if math.isnan(x) or x < low:
-            raise argparse.ArgumentTypeError(f"expected a number >= {low:g}, got {value!r}")
-        return x
+        return kind(_argparse_check(check_at_least, as_number(value), low, "value", kind))
     parse.__name__ = f"{kind.__name__} >= {low:g}"
     return parse
 
 
 def parse_seeds(value: str) -> int:
-    import argparse
-    try:
-        n = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seeds, got {value!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of seeds >= 1, got {n}")
-    return n
+    from ..validation import check_seeds
+    return _argparse_check(check_seeds, as_number(value), "seeds")
 
 
 def writable_file(path: str | None, what: str) -> None:

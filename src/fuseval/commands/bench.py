@@ -26,7 +26,7 @@ import json
 import os
 import sys
 
-from . import add_common_arguments, at_least
+from . import add_common_arguments, as_number
 
 
 def add_arguments(p) -> None:
@@ -41,14 +41,14 @@ def add_arguments(p) -> None:
     p.add_argument("--no-hygiene", action="store_true",
                    help="with --check: skip the mutation/aliasing/caching rules for the fast path")
     p.add_argument("--no-flush", action="store_true", help="do not flush the L2 cache between repetitions")
-    p.add_argument("--warmup-ms", type=at_least(0), default=30.0, help="warm-up per implementation and case")
-    p.add_argument("--rep-ms", type=at_least(0), default=150.0, help="timed repetitions fill about this long")
-    p.add_argument("--min-reps", type=at_least(1, int), default=10)
-    p.add_argument("--max-reps", type=at_least(1, int), default=500)
+    p.add_argument("--warmup-ms", type=as_number, default=30.0, help="warm-up per implementation and case")
+    p.add_argument("--rep-ms", type=as_number, default=150.0, help="timed repetitions fill about this long")
+    p.add_argument("--min-reps", type=as_number, default=10)
+    p.add_argument("--max-reps", type=as_number, default=500)
     p.add_argument("--no-plot", action="store_true", help="do not write bench.png")
     p.add_argument("--no-clocks", action="store_true",
                    help="do not sample the GPU's SM clock and power (nvidia-smi) while timing")
-    p.add_argument("--sustained-s", type=at_least(0), default=4.0, metavar="S",
+    p.add_argument("--sustained-s", type=as_number, default=4.0, metavar="S",
                    help="also measure the matmul ceiling of the operator's dtype sustained for S seconds "
                         "(its last half, at whatever clock the power cap leaves) and report the floor at "
                         "that rate next to the burst floor; 0 turns it off (default 4)")
@@ -60,23 +60,24 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..check import draw_seed
-    from ..bench import BenchSkipped, print_bench_report, run_bench, write_outputs
-    from ..errors import EXIT_NO_DEVICE, EXIT_OK, UsageError, exit_code_for
-    from . import operator_definition, writable_folder
+    from ..bench import BenchSkipped, print_bench_report, run_request, write_outputs
+    from ..bench.request import BenchRequest
+    from ..errors import EXIT_NO_DEVICE, EXIT_OK, exit_code_for
+    from . import writable_folder
 
-    operator_definition(args.op, args.config, args.cases)
-    if args.min_reps > args.max_reps:
-        raise UsageError(f"--min-reps {args.min_reps} is more than --max-reps {args.max_reps}")
-    writable_folder(args.out, "--out")
     impls = [s.strip() for s in args.impls.split(",") if s.strip()] if args.impls else None
-    try:
-        report = run_bench(args.op, impls, cases=args.cases, config=args.config, device=args.device,
-                           seed=draw_seed() if args.seed is None else args.seed, mode=args.mode, check=args.check,
-                           hygiene=not args.no_hygiene, flush=not args.no_flush,
+    # every option checked, once, before any work (the configuration and cases as the operator loads)
+    request = BenchRequest(args.op, impls, cases=args.cases, config=args.config, device=args.device,
+                           seed=draw_seed() if args.seed is None else args.seed, mode=args.mode,
+                           check=args.check, hygiene=not args.no_hygiene, flush=not args.no_flush,
                            warmup_ms=args.warmup_ms, rep_ms=args.rep_ms, min_reps=args.min_reps,
                            max_reps=args.max_reps, monitor_clocks=not args.no_clocks,
                            sustained_s=args.sustained_s, parts=not args.no_parts,
-                           progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+                           progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+                           cli=True).validated()
+    writable_folder(args.out, "--out")
+    try:
+        report = run_request(request)
     except BenchSkipped as exc:
         print(f"fuseval bench: skipped: {exc}", file=sys.stderr)
         if args.out:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 from . import add_common_arguments
 
@@ -54,19 +55,23 @@ class _Progress:
 
 def run(args) -> int:
     from ..check import draw_seed
-    from ..budget import load_budget, run_budget
+    from ..budget import load_budget
+    from ..budget.request import BudgetRequest
+    from ..budget.runner import run_request
     from ..operators import load
     from ..errors import EXIT_BAD_FILE, budget_exit_code
 
-    from . import operator_definition, user_input, writable_folder
-    operator_definition(args.op, args.config, args.cases)   # unknown operator, config, cases: before any work
+    from . import user_input, writable_folder
+    # every option checked, once, before any work (the configuration and cases as the operator loads)
+    request = BudgetRequest(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
+                            seed=draw_seed() if args.seed is None else args.seed, mode=args.mode,
+                            progress=_Progress(), baselines=not args.no_baselines,
+                            isolate=False if args.in_process else None, timeout=args.timeout, cli=True).validated()
     writable_folder(args.out or ("." if (args.html or args.markdown) else None), "--out")
     defn = load(args.op)
     with user_input("--budget", EXIT_BAD_FILE):
         budget = load_budget(args.budget if args.budget else defn.name, defn)
-    report = run_budget(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
-                        seed=draw_seed() if args.seed is None else args.seed, mode=args.mode, budget=budget, progress=_Progress(),
-                        baselines=not args.no_baselines, isolate=False if args.in_process else None, timeout=args.timeout)
+    report = run_request(replace(request, budget=budget))
     print(report.to_markdown())
     out = args.out
     if out is None and (args.html or args.markdown):

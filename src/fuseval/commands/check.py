@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-from . import add_common_arguments, parse_seed
+from . import add_common_arguments, as_number
 
 
 def add_arguments(p) -> None:
@@ -17,7 +17,7 @@ def add_arguments(p) -> None:
     p.add_argument("--against", default="reference",
                    help="what the outputs are compared with: 'reference' (the float64 oracle, default) or "
                         "'sol_reference' (the benchmark's reference in its own precision)")
-    p.add_argument("--rules", default="fuseval", choices=["fuseval", "sol"],
+    p.add_argument("--rules", default="fuseval",
                    help="fuseval's rules (default) or the benchmark evaluator's ('sol': float32 comparison, "
                         "any NaN/Inf on either side fails)")
     p.add_argument("--save-failing", metavar="DIR",
@@ -25,7 +25,7 @@ def add_arguments(p) -> None:
                         "the file and the command that replays it)")
     p.add_argument("--replay", metavar="FILE",
                    help="run the check on the inputs of a --save-failing file (its case, seed and mode)")
-    p.add_argument("--hygiene-seed", type=parse_seed, default=None,
+    p.add_argument("--hygiene-seed", type=as_number, default=None,
                    help="the seed of the hygiene rules' later calls (default: drawn at random per case and "
                         "recorded in the JSON report; give it to replay a case's later calls exactly)")
     p.add_argument("--no-diagnosis", action="store_true",
@@ -35,30 +35,31 @@ def add_arguments(p) -> None:
                    help="do not predict the benchmark's verdict (sol_reference under the sol rules) beside")
 
 
+def request_of(args, progress=None):
+    """The :class:`~fuseval.requests.CheckRequest` of the command line, validated (its
+    errors name the options)."""
+    from ..requests import CheckRequest
+    return CheckRequest(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
+                        seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene, progress=progress,
+                        against=args.against, rules=args.rules, predict=not args.no_predict,
+                        isolate=False if args.in_process else None, timeout=args.timeout,
+                        save_failing=args.save_failing, replay=args.replay, hygiene_seed=args.hygiene_seed,
+                        diagnose=not args.no_diagnosis, cli=True).validated()
+
+
 def run(args) -> int:
-    from ..check import ReplayFileError, check, reference_refusal, validate_against
-    from ..errors import EXIT_NO_FLOAT64_ORACLE, UsageError, check_exit_code
+    from ..check import run_check
+    from ..errors import EXIT_NO_FLOAT64_ORACLE, check_exit_code
     from ..jsonio import dumps
     from ..terminal import case_progress, print_check_report
-    from . import operator_definition, writable_file
+    from . import writable_file
 
-    defn = operator_definition(args.op, args.config, args.cases)
-    if args.impl == "reference":
-        raise UsageError(f"--impl {reference_refusal(defn)}")
-    validate_against(defn, args.impl, args.against)      # a UsageError naming --against
+    request = request_of(args, case_progress(sys.stderr))      # every option checked, once, before any work
     writable_file(args.json, "--json")
     if args.save_failing:
         from . import writable_folder
         writable_folder(args.save_failing, "--save-failing")
-    try:
-        report = check(args.op, args.impl, config=args.config, cases=args.cases, device=args.device,
-                       seed=args.seed, mode=args.mode, hygiene=not args.no_hygiene,
-                       progress=case_progress(sys.stderr), against=args.against, rules=args.rules,
-                       predict=not args.no_predict, isolate=False if args.in_process else None,
-                       timeout=args.timeout, save_failing=args.save_failing, replay=args.replay,
-                       hygiene_seed=args.hygiene_seed, diagnose=not args.no_diagnosis)
-    except ReplayFileError as exc:         # read once, by the check itself
-        raise UsageError(f"--replay: {exc}") from None
+    report = run_check(request)        # the operator's configuration, cases, --against checked as it loads
     print_check_report(report)
     if report.seed_drawn:
         print(f"the seed was drawn at random; to run these inputs again: {reproduce_command(args, report.seed)}",

@@ -26,6 +26,7 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     from ..check import check
+    from ..requests import CheckRequest
     from ..errors import EXIT_USAGE, FusevalError
     from ..jsonio import dumps
     from ..terminal import print_check_report
@@ -43,9 +44,10 @@ def run(args) -> int:
         print(f"case {result.case}: {'ok' if result.passed else 'FAIL ' + ','.join(result.violations)}; diagnosed",
               file=sys.stderr, flush=True)
     with user_input("--impl"):
-        report = check(args.op, args.impl, config=args.config, cases=[args.case], device=args.device, seed=args.seed,
-                       mode=args.mode, hygiene=False, progress=progress, predict=False,
-                       isolate=False if args.in_process else None, timeout=args.timeout, diagnose="full")
+        report = check(CheckRequest(args.op, args.impl, config=args.config, cases=[args.case], device=args.device,
+                                    seed=args.seed, mode=args.mode, hygiene=False, progress=progress, predict=False,
+                                    isolate=False if args.in_process else None, timeout=args.timeout,
+                                    diagnose="full", cli=True))
     print_check_report(report)
     case = report.cases[0]
     d = case.diagnosis

@@ -25,23 +25,23 @@ def add_arguments(p) -> None:
     p.add_argument("--impl", default="fast",
                    help="implementation: a name of the operator's table (fast, torch...) or "
                         "'module:function' (default: %(default)s)")
-    p.add_argument("--profile", default="ci", choices=list(PROFILES),
-                   help="ci: scaled-down configs on the CPU, 3 seeds; thorough: 5 seeds, more "
+    p.add_argument("--profile", default="ci",
+                   help=f"{', '.join(PROFILES)}; ci: scaled-down configs on the CPU, 3 seeds; thorough: 5 seeds, more "
                         "properties; gpu: the benchmark sizes on CUDA (default: %(default)s)")
     p.add_argument("--out", default="gate-report",
                    help="folder for junit.xml, gate.json, gate.md and the reports (default: %(default)s)")
     p.add_argument("--config", default=None, type=parse_config,
                    help="override the profile's configuration (small, seed...)")
-    from . import add_isolation_arguments, parse_cases, parse_device, parse_seed, parse_seeds
-    p.add_argument("--device", default=None, type=parse_device, help="override the profile's device (cpu, cuda)")
-    p.add_argument("--cases", default=None, type=parse_cases, help="case subset of the check, e.g. '0,3,5-7'")
-    p.add_argument("--seeds", type=parse_seeds, default=None, help="number of seeds of the check, >= 1 (profile: 3 or 5)")
-    p.add_argument("--seed", type=parse_seed, default=None,
+    from . import add_isolation_arguments, as_number
+    p.add_argument("--device", default=None, help="override the profile's device (cpu, cuda, cuda:N)")
+    p.add_argument("--cases", default=None, help="case subset of the check, e.g. '0,3,5-7'")
+    p.add_argument("--seeds", type=as_number, default=None, help="number of seeds of the check, >= 1 (profile: 3 or 5)")
+    p.add_argument("--seed", type=as_number, default=None,
                    help="the check's first seed (the others follow it by 1000); default: drawn at random and "
                         "printed, so no run's inputs can be known before it")
     add_isolation_arguments(p)
-    p.add_argument("--mode", default="benchmark", choices=["benchmark", "realistic"],
-                   help="input distribution (default: %(default)s)")
+    p.add_argument("--mode", default="benchmark", help="input distribution: benchmark or realistic "
+                                                       "(default: %(default)s)")
     p.add_argument("--budget", default=None, metavar="FILE",
                    help="a budget file handed to the budget component (default: its built-in budget)")
     p.add_argument("--budget-cases", default="profile",
@@ -49,9 +49,9 @@ def add_arguments(p) -> None:
     p.add_argument("--skip", default="", help=f"components to skip, comma list of {', '.join(COMPONENTS)}")
     p.add_argument("--strict", action="store_true",
                    help="fail on warnings too (metrics that pass with less than --warn-margin left)")
-    p.add_argument("--warn-margin", type=float, default=None,
+    p.add_argument("--warn-margin", type=as_number, default=None,
                    help="warn when less than this fraction of a rule's allowance is left (default: 0.5)")
-    p.add_argument("--jobs", default="auto", type=_jobs,
+    p.add_argument("--jobs", default="auto", type=as_number,
                    help="components run side by side, this many at a time (default: one per CPU "
                         "core, at most 4, on the CPU; one per GPU with several GPUs, each on its own; on one GPU "
                         "one per operator when the implementation runs isolated, else 1): with at least as many "
@@ -63,32 +63,27 @@ def add_arguments(p) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
-def _jobs(text: str) -> int | str:
-    import argparse
-    if text == "auto":
-        return text
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a number of processes >= 1 or 'auto', got {text!r}")
-    return int(text)
+def request_of(args):
+    """The :class:`~fuseval.gate.request.GateRequest` of the command line, validated
+    (``--skip`` names components; the request checks that something is left to run)."""
+    from ..gate import COMPONENTS, stderr_progress
+    from ..gate.request import GateRequest
+    from ..validation import check_one_of
+    skip = [check_one_of(s.strip(), COMPONENTS, "--skip") for s in args.skip.split(",") if s.strip()]
+    return GateRequest(args.op, args.impl, profile=args.profile, device=args.device, config=args.config,
+                       cases=args.cases, seeds=args.seeds, mode=args.mode,
+                       components=[c for c in COMPONENTS if c not in skip], warn_margin=args.warn_margin,
+                       strict=args.strict, budget_cases=args.budget_cases, budget=args.budget, out=args.out,
+                       progress=None if args.quiet else stderr_progress(sys.stderr),
+                       isolate=False if args.in_process else None, timeout=args.timeout,
+                       jobs=args.jobs, warmup=not args.no_warmup, seed=args.seed, cli=True).validated()
 
 
 def run(args) -> int:
-    from ..errors import FusevalError
-    from ..gate import COMPONENTS, run_gate, stderr_progress
+    from ..gate.runner import run_request
     from . import writable_folder
-    skip = [s.strip() for s in args.skip.split(",") if s.strip()]
-    for s in skip:
-        if s not in COMPONENTS:
-            raise FusevalError(f"--skip {s!r}: expected a comma list of {', '.join(COMPONENTS)}")
-    if all(c in skip for c in COMPONENTS):
-        raise FusevalError(f"--skip {args.skip!r} skips every component: the gate would run nothing")
+    request = request_of(args)                  # every option checked, once, before any work
     writable_folder(args.out, "--out")
-    report = run_gate(args.op, args.impl, profile=args.profile, device=args.device, config=args.config,
-                      cases=args.cases, seeds=args.seeds, mode=args.mode,
-                      components=[c for c in COMPONENTS if c not in skip], warn_margin=args.warn_margin,
-                      strict=args.strict, budget_cases=args.budget_cases, budget=args.budget, out=args.out,
-                      progress=None if args.quiet else stderr_progress(sys.stderr),
-                      isolate=False if args.in_process else None, timeout=args.timeout,
-                      jobs=args.jobs, warmup=not args.no_warmup, seed=args.seed)
+    report = run_request(request)
     report.print_summary()
     return report.exit_code

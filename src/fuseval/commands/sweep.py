@@ -273,15 +273,15 @@ def summary(rows: list[Row]) -> dict[str, Any]:
 
 def run(args) -> int:
     from ..errors import EXIT_INTERNAL, UsageError
-    if args.jobs < 1:
-        raise UsageError(f"--jobs: expected at least 1, got {args.jobs}")
+    from ..validation import check_at_least, check_one_of
+    check_at_least(args.jobs, 1, "--jobs", int)
     if args.timeout <= 0:
         raise UsageError(f"--timeout: expected seconds > 0, got {args.timeout}")
     if args.memory_gb is not None and args.memory_gb <= 0:
         raise UsageError(f"--memory-gb: expected GiB > 0, got {args.memory_gb}")
-    bad = [s for s in args.skip.split(",") if s.strip() and s.strip() not in STEPS]
-    if bad:
-        raise UsageError(f"--skip {bad[0]!r}: expected a comma list of {', '.join(STEPS)}")
+    for step in args.skip.split(","):
+        if step.strip():
+            check_one_of(step.strip(), STEPS, "--skip")
     folders = problem_folders(args.directories)
     writable_folder(args.out, "--out")
     os.makedirs(args.out, exist_ok=True)

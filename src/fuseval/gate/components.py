@@ -4,6 +4,9 @@ report into a :class:`~fuseval.gate.results.ComponentResult`:
 ``check``       :func:`fuseval.stats.check_over_seeds` (the check over several seeds);
 ``properties``  :func:`fuseval.properties.check_implementation`;
 ``budget``      :func:`fuseval.budget.run_budget`.
+
+Each is handed its context, validated (:mod:`fuseval.gate.context`): the requests built
+from it are trusted as they are, not validated again.
 """
 from __future__ import annotations
 
@@ -16,14 +19,16 @@ from ..errors import (EXIT_CHECK_FAILED, EXIT_OK, FusevalError, budget_exit_code
                       exit_code_of)
 from .context import GateContext
 from .results import ComponentResult, TestResult, not_run
-from ..budget import run_budget
+from ..budget.request import BudgetRequest
+from ..budget.runner import run_request as run_budget_request
 from ..definitions import axes_label, parse_selection
 from ..jsonio import dumps, jsonable
 from ..operators import load
 from ..operators.implementations import get
 from ..properties import check_implementation
 from ..runner.isolation import IsolatedImpl, decide
-from ..stats import check_over_seeds, seed_values
+from ..requests import CheckRequest
+from ..stats import over_seeds, seed_values
 from ..terminal import case_verdict, fmt_number
 
 
@@ -96,11 +101,12 @@ def check_component(ctx: GateContext) -> ComponentResult:
         ctx.progress(f"{ctx.op} check seed {seed} [{done}/{total}] case {result.case}: {case_verdict(result)} "
                      f"({result.impl_seconds:.2f}s)")
 
-    stats = check_over_seeds(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device,
-                             seeds=ctx.seeds, mode=ctx.mode, hygiene=ctx.profile.hygiene,
-                             warn_margin=ctx.warn_margin, extra_seed_cases=ctx.extra_seed_cases,
-                             progress=progress, isolate=ctx.isolate, timeout=ctx.timeout,
-                             blind_witness=True)   # a blind output the benchmark's reference shares is no failure
+    # the context is validated: its request is trusted as it is
+    request = CheckRequest(ctx.op, ctx.impl, config=ctx.config, cases=ctx.cases, device=ctx.device, mode=ctx.mode,
+                           isolate=ctx.isolate, timeout=ctx.timeout,
+                           blind_witness=True)   # a blind output the benchmark's reference shares is no failure
+    stats = over_seeds(request, seed_values(ctx.seeds), hygiene=ctx.profile.hygiene, warn_margin=ctx.warn_margin,
+                       extra_seed_cases=ctx.extra_seed_cases, progress=progress)
     blind = _blind_findings(stats)
     blind_problem = _blind_findings(stats, in_benchmark=True)
     violations = stats.violations + (["blind_tolerance"] if blind else [])
@@ -257,9 +263,10 @@ def budget_component(ctx: GateContext) -> ComponentResult:
     # the budget runs once, on the first seed of the check; where this run's check makes the
     # partial-cache calls on the same cases, seed and inputs, the budget does not repeat them
     repeated = _check_covers_budget_hygiene(ctx)
-    report = run_budget(ctx.op, ctx.impl, config=ctx.budget_config, cases=ctx.budget_cases, device=ctx.device,
-                        seed=seed_values(ctx.seeds)[0], mode=ctx.mode, budget=ctx.budget, progress=progress,
-                        isolate=ctx.isolate, timeout=ctx.timeout, hygiene=not repeated)
+    report = run_budget_request(BudgetRequest(
+        ctx.op, ctx.impl, config=ctx.budget_config, cases=ctx.budget_cases, device=ctx.device,
+        seed=seed_values(ctx.seeds)[0], mode=ctx.mode, budget=ctx.budget, progress=progress,
+        isolate=ctx.isolate, timeout=ctx.timeout, hygiene=not repeated))
     within = sum(c.passed for c in report.cases)
     summary = f"{within}/{len(report.cases)} cases within budget"
     messages: list[str] = []

@@ -4,21 +4,21 @@ implementation). A mistake in any of them is a :class:`~fuseval.errors.FusevalEr
 with its exit code, raised here, before a component runs."""
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import (EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError,
-                      UsageError, user_input)
+from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, user_input
 from .. import operators
 from ..budget import load_budget
-from ..check import draw_seed, resolve_device as check_device, validate_seed, validate_selection
+from ..check import draw_seed, resolve_device as check_device
 from ..operators import load
 from ..operators.implementations import impl_label, resolve_impl
 from ..runner.isolation import decide, requested, worker_for
 from ..stats import DEFAULT_WARN_MARGIN, seed_list
-from .profiles import COMPONENTS, Profile, device_name, profile_of
+from ..validation import check_cases_in
+from .profiles import COMPONENTS, Profile, profile_of
+from .request import GateRequest
 
 @dataclass
 class GateContext:
@@ -87,7 +87,7 @@ def resolve_device(device: str) -> str:
     """The device after the check's resolution; no CUDA device is the gate's own error."""
     import torch
     try:
-        resolved = check_device(device_name(device))
+        resolved = check_device(device)
     except NoDeviceError:
         raise NoDeviceError(f"device {device!r} was requested but torch {torch.__version__} sees no CUDA "
                             "device; use --device cpu or a CPU profile (ci, thorough)", EXIT_NO_DEVICE) from None
@@ -97,54 +97,28 @@ def resolve_device(device: str) -> str:
     return str(resolved)
 
 
-def _seeds(seeds: Any) -> int | list[int]:
-    if isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
-        raise UsageError(f"seeds: expected a number of seeds >= 1 or a non-empty list of seeds, got {seeds!r}")
+def settings(request: GateRequest, progress: Callable[[str], None] | None = None) -> Settings:
+    """The options of a validated request that do not depend on the operator, resolved:
+    the profile, the device as torch sees it, and a number of seeds become the seeds
+    themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at random when
+    not given, so that no run's inputs can be known before it. ``progress``: instead of
+    the request's (a pool process relays its messages)."""
+    r = request
+    prof = profile_of(r.profile)
+    dev = resolve_device(r.device or prof.device)
+    margin = DEFAULT_WARN_MARGIN if r.warn_margin is None else r.warn_margin
+    seeds = prof.seeds if r.seeds is None else r.seeds
     if isinstance(seeds, int):
-        if seeds < 1:
-            raise UsageError(f"seeds: expected a number of seeds >= 1 (or a non-empty list), got {seeds!r}")
-        return seeds
-    values = list(seeds)
-    if not values or not all(isinstance(s, int) and not isinstance(s, bool) for s in values):
-        raise UsageError(f"seeds: expected a number of seeds >= 1 (or a non-empty list of ints), got {seeds!r}")
-    return values
-
-
-def settings(*, profile, device, config, cases, seeds, mode, warn_margin, strict, budget_config,
-             budget_cases, budget, out, progress, isolate, timeout,
-             components: Sequence[str] = COMPONENTS, seed: int | None = None) -> Settings:
-    """Validate the options that do not depend on the operator. A number of seeds becomes
-    the seeds themselves here, once: ``seed``, seed + 1000, ..., with ``seed`` drawn at
-    random when not given, so that no run's inputs can be known before it."""
-    prof = profile_of(profile)
-    dev = resolve_device(device or prof.device)
-    if mode not in ("benchmark", "realistic"):
-        raise UsageError(f"mode: expected 'benchmark' or 'realistic', got {mode!r}")
-    margin = DEFAULT_WARN_MARGIN if warn_margin is None else warn_margin
-    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0.0 <= margin <= 1.0:
-        raise UsageError(f"warn_margin: expected a fraction in [0, 1], got {warn_margin!r}")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
-                                or timeout < 0 or not math.isfinite(timeout)):
-        raise UsageError(f"timeout: expected a finite number of seconds >= 0, got {timeout!r}")
-    seeds = prof.seeds if seeds is None else _seeds(seeds)
-    if isinstance(seeds, int):
-        try:
-            base = draw_seed() if seed is None else validate_seed(seed, "seed")
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        seeds = seed_list(seeds, base)
-    elif seed is not None:
-        raise UsageError(f"seed: give either a list of seeds ({seeds!r}) or a first seed, not both")
-    return Settings(prof, dev, config, cases, seeds, mode,
-                    float(margin), bool(strict), budget_config, budget_cases, budget_cases == "profile",
-                    budget, out, progress or (lambda message: None), requested(isolate), timeout,
-                    tuple(components))
+        seeds = seed_list(seeds, draw_seed() if r.seed is None else r.seed)
+    return Settings(prof, dev, r.config, r.cases, list(seeds), r.mode,
+                    float(margin), bool(r.strict), r.budget_config, r.budget_cases, r.budget_cases == "profile",
+                    r.budget, r.out, progress or r.progress or (lambda message: None), requested(r.isolate),
+                    r.timeout, tuple(r.components))
 
 
 def _selection(given: Any, n: int, what: str) -> Any:
     """A case selection the user gave, checked against the operator's ``n`` cases."""
-    with user_input(what):
-        validate_selection(given, n)
+    check_cases_in(given, n, what)
     return given
 
 

@@ -19,7 +19,7 @@ Why processes: on a CPU the components are bound by the Triton interpreter and b
 float64 oracles, both single-threaded Python and numpy, so threads would share one core.
 Every unit builds its own validated context in its pool process (an implementation's
 isolation worker is started there, once per pool process and implementation, and serves
-every component that process runs); nothing but the options and the result crosses a
+every component that process runs); nothing but the request and the result crosses a
 process boundary, so no unit can see another's inputs or answers.
 
 Progress messages of the pool processes are relayed to the caller's ``progress`` through
@@ -43,6 +43,7 @@ from ..errors import EXIT_INTERNAL
 from ..torch_flags import tf32_is_off
 from .components import run_guarded
 from .context import context, settings
+from .request import GateRequest
 from .results import TestResult
 
 __all__ = ["by_operator", "default_jobs", "gpu_assignment", "run_operators", "run_units"]
@@ -118,13 +119,14 @@ def _progress(message: str) -> None:
     _relay.put(message)
 
 
-def _run_unit(options: dict, op: str, component: str) -> bytes:
+def _run_unit(request: GateRequest, op: str, component: str) -> bytes:
     """One component of one operator, in a pool process (its context built once per
-    operator); its ComponentResult pickled, once (the report object it carries left out
-    when it does not pickle: its data comes back all the same)."""
+    operator, from the request the parent validated); its ComponentResult pickled, once
+    (the report object it carries left out when it does not pickle: its data comes back
+    all the same)."""
     ctx = _contexts.get(op)
     if ctx is None:
-        ctx = _contexts[op] = context(op, options["impl"], settings(**options["settings"], progress=_progress))
+        ctx = _contexts[op] = context(op, request.impl, settings(request, progress=_progress))
     result = run_guarded(component, ctx)
     try:
         return pickle.dumps(result)
@@ -133,13 +135,13 @@ def _run_unit(options: dict, op: str, component: str) -> bytes:
         return pickle.dumps(result)
 
 
-def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int,
+def run_units(units: Sequence[tuple[GateContext, str]], request: GateRequest, jobs: int,
               progress: Callable[[str], None], device: str = "cpu") -> list[ComponentResult]:
     """Run every (context, component) of ``units``, ``jobs`` at a time: this process takes
     units itself (with the contexts, and implementation workers, it already validated)
     and ``jobs - 1`` pool processes take the others; results in the order of ``units``.
-    ``options``: the implementation and the keyword arguments of ``settings`` (all but
-    ``progress``) that this process validated. On a machine with a GPU for every process,
+    ``request``: the run's, as this process validated it, with its seeds resolved and no
+    ``progress`` (it is pickled to the pool processes; the implementation is a name). On a machine with a GPU for every process,
     each pool process runs on a GPU of its own (:func:`gpu_assignment`)."""
     order = sorted(range(len(units)), key=lambda i: -_WEIGHT.get(units[i][1], 1))
     lock = threading.Lock()
@@ -164,7 +166,7 @@ def run_units(units: Sequence[tuple[GateContext, str]], options: dict, jobs: int
         while (i := next_unit()) is not None:
             ctx, name = units[i]
             try:
-                results[i] = pickle.loads(pool.submit(_run_unit, options, ctx.op, name).result())
+                results[i] = pickle.loads(pool.submit(_run_unit, request, ctx.op, name).result())
             except Exception as exc:  # noqa: BLE001 - a pool process that died: that unit's error
                 results[i] = _lost(ctx, name, exc)
 

@@ -2,15 +2,13 @@
 the command line can offer them without importing the harness."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..validation import check_device, check_one_of
 
 __all__ = ["COMPONENTS", "PROFILES", "Profile", "device_name", "profile_of"]
 
 COMPONENTS = ("check", "properties", "budget")
-_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
 
 
 @dataclass(frozen=True)
@@ -41,17 +39,14 @@ PROFILES: dict[str, Profile] = {
 }
 
 
-def profile_of(profile: str | Profile) -> Profile:
+def profile_of(profile: str | Profile, what: str = "profile") -> Profile:
+    """The profile named ``profile`` (a UsageError naming ``what`` for an unknown name)."""
     if isinstance(profile, Profile):
         return profile
-    if profile not in PROFILES:
-        raise UsageError(f"profile: unknown gate profile {profile!r}; expected one of {', '.join(PROFILES)}")
-    return PROFILES[profile]
+    return PROFILES[check_one_of(profile, PROFILES, what)]
 
 
 def device_name(value: str) -> str:
-    """'cpu', 'cuda' or 'cuda:N'; anything else (tpu, meta, a typo) is a usage error."""
-    text = str(value).strip()
-    if not _DEVICE.fullmatch(text):
-        raise UsageError(f"device: expected cpu, cuda or cuda:N, got {value!r}")
-    return text
+    """'cpu', 'cuda' or 'cuda:N'; anything else (tpu, meta, a typo) is a usage error
+    (:func:`fuseval.validation.check_device`)."""
+    return check_device(value)

@@ -26,6 +26,7 @@ import torch
 from ..check import compare
 from ..definitions import Tolerance, axes_label
 from ..terminal import fmt_number
+from ..validation import check_at_least
 from . import workload_inputs as problem_inputs
 from . import lift
 from .sol_problem import Problem, Workload, fuseval_tolerance, read_problem
@@ -169,8 +170,7 @@ def tolerance_use(directory: str, *, smallest: int | None = None, lines: Sequenc
                   progress=None) -> ToleranceUse:
     """The report of the module docstring for the problem folder ``directory``: the
     selected workloads (:func:`select_workloads`), each on ``seeds`` seeds from ``seed``."""
-    if seeds < 1:
-        raise ValueError(f"seeds: expected a number of seeds >= 1, got {seeds}")
+    check_at_least(seeds, 1, "seeds", int)
     problem = read_problem(directory)
     device = torch.device(device)
     rows, first = [], None
