@@ -155,8 +155,8 @@ def test_run_gpu_passes_the_bench_exit_status_through_without_a_gpu(tmp_path):
     # the mutant: the same script returning tee's status hides that failure
     mutant = tmp_path / "run_gpu_mutant.sh"
     text = (BENCH / "run_gpu.sh").read_text()
-    assert 'exit "${PIPESTATUS[0]}"' in text and "set -uo pipefail" in text
-    mutant.write_text(text.replace('exit "${PIPESTATUS[0]}"', "exit $?").replace("set -uo pipefail", "set -u"))
+    assert 'status="${PIPESTATUS[0]}"' in text and "set -uo pipefail" in text
+    mutant.write_text(text.replace('status="${PIPESTATUS[0]}"', "status=$?").replace("set -uo pipefail", "set -u"))
     # the mutant lives outside the checkout: point it back at the real one's src/
     mutant.write_text(mutant.read_text().replace('root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"',
                                                  f'root="{ROOT}"'))
