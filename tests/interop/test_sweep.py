@@ -40,7 +40,7 @@ def test_the_sweep_tables_each_problem(tmp_path, capsys):
     os.makedirs(root / "broken")
     (root / "broken" / "definition.json").write_text("{not json")
     out = tmp_path / "sweep"
-    code = cli.main(["sweep", str(root), "--out", str(out), "--skip", "gate", "--timeout", "15"])
+    code = cli.main(["sweep", str(root), "--out", str(out), "--skip", "gate", "--timeout", "30"])
     printed = capsys.readouterr()
     assert code == 0, printed.out + printed.err
     with open(out / "sweep.json") as f:
@@ -63,3 +63,26 @@ def test_the_sweep_tables_each_problem(tmp_path, capsys):
 def test_a_path_that_holds_no_problem_is_a_usage_error(tmp_path, capsys):
     assert cli.main(["sweep", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
     assert "expected a problem folder" in capsys.readouterr().err
+
+
+def test_many_problems_on_one_gpu_are_warned_about(tmp_path, capsys, monkeypatch):
+    # 15 problems side by side on one GPU turned most of the whole-dataset sweep's rows into
+    # out of memory and out of time: the sweep says so before it starts
+    from fuseval.commands import sweep
+    root = tmp_path / "problems"
+    _problem(root, "good", "    return x * 2")
+
+    class Started(Exception):
+        pass
+
+    def not_run(*args):
+        raise Started
+    monkeypatch.setattr(sweep, "sweep_problem", not_run)
+    for jobs, warned in ((sweep.JOBS_PER_GPU + 1, True), (sweep.JOBS_PER_GPU, False)):
+        try:
+            cli.main(["sweep", str(root), "--out", str(tmp_path / "o"), "--device", "cuda", "--gpus", "1",
+                      "--jobs", str(jobs)])
+        except Started:
+            pass
+        err = capsys.readouterr().err
+        assert ("warning: --jobs" in err) == warned, err

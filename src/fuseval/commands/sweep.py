@@ -271,6 +271,11 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "exit 70": sum(c == 70 for c in codes)}
 
 
+# problems side by side on one GPU beyond which the sweep's own rows turn into out of memory
+# and out of time (the whole-dataset sweep: 15 on one H100 caused most of those rows)
+JOBS_PER_GPU = 4
+
+
 def run(args) -> int:
     from ..errors import EXIT_INTERNAL, UsageError
     from ..validation import check_at_least, check_one_of
@@ -289,6 +294,10 @@ def run(args) -> int:
     if args.device.startswith("cuda"):
         import torch
         gpus = args.gpus or torch.cuda.device_count()
+        if gpus and args.jobs > JOBS_PER_GPU * gpus:
+            print(f"fuseval sweep: warning: --jobs {args.jobs} on {gpus} GPU(s): every problem takes the device's "
+                  f"free memory as its bound, so problems side by side run each other out of memory and time "
+                  f"(at most {JOBS_PER_GPU * gpus} advised, with --timeout 300 or more)", file=sys.stderr)
     lock = threading.Lock()
     done = [0]
     rows: list[Row | None] = [None] * len(folders)
