@@ -92,6 +92,23 @@ def test_a_draw_the_problems_code_refuses_is_outside_its_domain(tmp_path, regist
     assert not wrong.passed and wrong.failures[0].property == "tolerance"
 
 
+def test_a_draw_the_problems_reference_answers_in_other_shapes_is_outside_its_domain(tmp_path, register):
+    # SOL L1/020: for bindings between its workloads the reference reads another size off
+    # its inputs' values and answers in a shape its definition does not give for them
+    folder = _one_axis(tmp_path, "reshapes", """
+                if 4 < n < 10:
+                    return (x * 2 + 1)[:-1]""", [3, 12])
+    spec = register(folder)
+    report = check_implementation(spec.name, "sol_reference", profile="ci", metamorphic=False)
+    assert report.passed, str(report)
+    assert report.examples_run > 0
+
+    def short_everywhere(x):
+        return (x * 2 + 1)[:-1]
+    wrong = check_implementation(spec.name, short_everywhere, profile="ci", metamorphic=False)
+    assert not wrong.passed and "shape" in " ".join(wrong.failures[0].messages)
+
+
 def test_a_leading_axis_the_problems_code_refuses_to_split_skips_the_independence_check(tmp_path, register):
     # SOL Quant/027 and Quant/033: every workload's n is a multiple of 4 and the reference
     # refuses any other n (its FP4 GEMM wants M % 128 == 0), so the item-alone run of the

@@ -44,6 +44,7 @@ from ..operators import load
 from ..errors import OutOfMemory, is_out_of_memory
 from ..memory import DrawBound, draw_budget
 from ..precision import unit_roundoff
+from ..validate import bind_axes
 from . import invariants as inv
 from .hooks import hooks_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
@@ -207,6 +208,11 @@ class _OracleOnce:
         return self.outputs
 
 
+class OutsideDomain(Exception):
+    """A draw the operator's own reference does not answer as its definition says: a
+    rejected draw (for operators whose hooks declare an ``outside_domain``), not a verdict."""
+
+
 class OracleOutOfMemory(RuntimeError):
     """The oracle of a draw (fuseval's side, not the implementation) ran out of memory:
     the draw is larger than the device holds, which the planned bytes did not foresee."""
@@ -260,6 +266,15 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
                       reference=oracle)
     metrics = [{"output": m.name, "max_abs": m.max_abs, "rel_l2": m.rel_l2,
                 "matched_ratio": m.matched_ratio, "passed": m.passed} for m in result.outputs]
+    if "bad_outputs" in result.violations and hooks.outside_domain and oracle.outputs is not None:
+        # the problem's own reference answers this binding in other shapes than its
+        # definition gives (inputs its code reads another size from): outside its domain
+        bound = bind_axes(defn, x, check_values=False)
+        wrong = [f"{spec.name} has shape {tuple(out.shape)}, its definition gives {defn.shape_of(spec, bound)}"
+                 for spec, out in zip(defn.outputs, _as_tuple(oracle.outputs))
+                 if isinstance(out, torch.Tensor) and tuple(out.shape) != defn.shape_of(spec, bound)]
+        if wrong:
+            raise OutsideDomain(f"the reference's own outputs: {'; '.join(wrong)}")
     if not result.passed:
         excused, lines = _baseline_verdict(example, defn, hooks, x, dev, case, mode, oracle, result)
         if excused:
@@ -376,7 +391,7 @@ class _PropertyRun:
                 bound.lower_below(planned)
                 self.ooms.append((planned, str(exc)))
                 reject()
-            except self.outside_domain as exc:
+            except (OutsideDomain, *self.outside_domain) as exc:
                 state["outside"] = state.get("outside", 0) + 1
                 state["why_outside"] = str(exc)
                 reject()          # the operator's own code refuses this draw: outside its domain
