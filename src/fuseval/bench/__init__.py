@@ -53,7 +53,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .. import operators
 from ..operators import implementations as _ops
 from .render import plot_report, print_bench_report, write_outputs
 from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
@@ -92,15 +91,15 @@ class BenchSpec:
 
 
 def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpec:
-    """The operator's benchmark pieces, from its spec: ``cost_model(axes)``, the
+    """The operator's benchmark pieces, from its record: ``cost_model(axes)``, the
     implementations timed by default and which of them is its fast path."""
-    op = operators.spec(defn.name)
-    default = list(op.bench_impls or [k for k in defn.implementations if "reference" not in k])
+    record = defn.operator
+    default = list(record.spec.bench_impls or [k for k in defn.implementations if "reference" not in k])
     chosen = list(impls) if impls else default
     if not chosen:
         raise ValueError(f"{defn.name}: no implementation to benchmark")
-    fast = op.bench_fast if op.bench_fast in chosen else None
-    return BenchSpec(defn.name, chosen, fast, op.cost(), op.parts_of_fast() if fast else None)
+    fast = record.spec.bench_fast if record.spec.bench_fast in chosen else None
+    return BenchSpec(defn.name, chosen, fast, record.cost_model, record.fast_parts if fast else None)
 
 
 # --------------------------------------------------------------------------- results
@@ -232,7 +231,7 @@ def run_bench(op: str | Definition, impls: Sequence[str] | None = None, *,
     # every implementation runs (and is timed) in a worker of its own, never in this process
     fns = {name: _runner(operator, name, device, None, None)[0] for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
-    fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
+    fast_options = defn.operator.fast_options() if spec.fast else None
     reference = operator.reference
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run

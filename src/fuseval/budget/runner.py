@@ -411,7 +411,7 @@ def run_budget(op: str | Definition, impl: str | Callable, *, config: str | Mapp
     Case i uses inputs drawn with seed + i, like ``fuseval check``."""
     operator = _ops.get(op, config)
     defn = operator.definition
-    bud = load_budget(budget if budget is not None else defn.name, defn)
+    bud = load_budget(budget, defn)
     dev = resolve_device(device)
     fn = _implementation(operator, impl, dev, isolate, timeout)
     staged = fn.staged if isinstance(fn, IsolatedImpl) and hasattr(fn, "staged") else \

@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import json
 import os
 import pkgutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata, resources
 from typing import Any, Callable, Mapping
 
 from ..definitions import Definition, parse, qualify
 from ..errors import UnknownOperatorError, UsageError
 
-__all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
+__all__ = ["OperatorSpec", "OperatorRecord", "spec", "record", "names", "resolve", "qualify", "register", "register_problem",
            "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
            "load", "variant_scope"]
 
@@ -122,6 +123,93 @@ class OperatorSpec:
 
     def mutant_catalogue(self) -> list:
         return [] if self.mutants is None else list(self.resolve(self.mutants)())
+
+
+@dataclass(frozen=True, eq=False)
+class OperatorRecord:
+    """One operator as the harness receives it: built once by the registry from its
+    :class:`OperatorSpec`, immutable, and attached to every :class:`Definition` the registry
+    loads (``defn.operator``), so the layers below the interfaces read an operator's
+    oracle, hooks, cost model, mutants and budget file off the definition they were given,
+    never by looking its name up.
+
+    ``definition`` is the operator's data (seed configuration, the benchmark's semantics);
+    ``variants`` its semantic variants, the benchmark's first; ``directory`` the problem
+    folder of an imported problem (None: a package); ``budget_path`` its budget file (None:
+    it ships none). The code the spec names is imported on first use, once (listing
+    operators imports no oracle); what is called on each use (the mutant catalogue, the
+    fast path's options in force) is called anew each time, so it sees the variant and
+    options in force then."""
+    spec: OperatorSpec
+    definition: Definition
+    variants: tuple[str, ...]
+    directory: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def budget_path(self) -> str | None:
+        """The budget file the operator ships (None: none). Asked anew each time: an
+        imported problem derives its budget from its workloads when its folder has none."""
+        return self.spec.budget_path()
+
+    @property
+    def package(self) -> str:
+        return self.spec.package
+
+    def _resolved(self, reference: str | None) -> Any:
+        return None if reference is None else self.spec.resolve(reference)
+
+    @functools.cached_property
+    def module(self) -> Any:
+        """The operator's package, imported (an imported problem's holds its diagnosis hooks)."""
+        return importlib.import_module(self.spec.package)
+
+    @functools.cached_property
+    def input_hooks(self) -> Mapping[str, Callable]:
+        """{mode: hook} of the input modes the operator draws itself."""
+        return {mode: self.spec.resolve(ref) for mode, ref in (self.spec.inputs or {}).items()}
+
+    def input_hook(self, mode: str) -> Callable | None:
+        return self.input_hooks.get(mode)
+
+    @functools.cached_property
+    def cost_model(self) -> Callable | None:
+        return self._resolved(self.spec.cost_model)
+
+    @functools.cached_property
+    def property_hooks(self) -> Any | None:
+        """What the spec's ``properties`` names (None: the engine's defaults); the property
+        engine checks its type."""
+        return self._resolved(self.spec.properties)
+
+    @functools.cached_property
+    def _catalogue(self) -> Callable | None:
+        return self._resolved(self.spec.mutants)
+
+    def mutant_catalogue(self) -> list:
+        return [] if self._catalogue is None else list(self._catalogue())
+
+    @functools.cached_property
+    def _fast_options(self) -> Callable | None:
+        return self._resolved(self.spec.fast_options)
+
+    def fast_options(self) -> dict:
+        """The fast path's options in force now (empty: it reports none)."""
+        return {} if self._fast_options is None else dict(self._fast_options())
+
+    @functools.cached_property
+    def fast_parts(self) -> Callable | None:
+        return self._resolved(self.spec.fast_parts)
+
+    @functools.cached_property
+    def diagnosis_hints(self) -> Callable | None:
+        return self._resolved(self.spec.diagnosis)
+
+    def __repr__(self) -> str:
+        return f"OperatorRecord({self.name!r}, package={self.package!r})"
 
 
 def resolve(reference: str, package: str | None = None) -> Any:
@@ -219,8 +307,33 @@ def spec(name: str) -> OperatorSpec:
     return known[name]
 
 
-# ---------------------------------------------------------------------- definitions by name
-_CACHE: dict[str, Definition] = {}
+# ---------------------------------------------------------------------- records by name
+# {name: record}; a record is rebuilt when the registry holds another spec under its name
+_CACHE: dict[str, OperatorRecord] = {}
+
+
+def _build(spec_: OperatorSpec) -> OperatorRecord:
+    raw = json.loads(spec_.definition_text())
+    if raw.get("name") != spec_.name:
+        raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
+                         f"its spec {spec_.name!r}")
+    base = parse(raw, spec_.package)
+    rec = OperatorRecord(spec=spec_, definition=base, variants=tuple(base.variant_names),
+                         directory=getattr(spec_, "directory", None) or None)
+    # the record holds its definition and the definition its record (both immutable)
+    object.__setattr__(rec, "definition", replace(base, operator=rec))
+    return rec
+
+
+def record(name: str) -> OperatorRecord:
+    """The record of operator ``name``, built once; an unknown name is an
+    :class:`UnknownOperatorError`. This is the boundary's resolver: the layers below it
+    are given a definition (``defn.operator``) or a record, never a name."""
+    spec_ = spec(name)          # UnknownOperatorError names the known ones
+    found = _CACHE.get(name)
+    if found is None or found.spec is not spec_:
+        found = _CACHE[name] = _build(spec_)
+    return found
 
 
 # {operator name: variant} in force for ``load`` calls that name no variant (see variant_scope)
@@ -250,14 +363,7 @@ def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | Non
     if isinstance(name, Definition):
         d = name if config == "seed" and name.config == "seed" else name.with_config(config)
         return d if variant is None else d.with_variant(variant)
-    if name not in _CACHE:
-        spec_ = spec(name)          # UnknownOperatorError names the known ones
-        raw = json.loads(spec_.definition_text())
-        if raw.get("name") != name:
-            raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
-                             f"its spec {name!r}")
-        _CACHE[name] = parse(raw, spec_.package)
-    d = _CACHE[name]
+    d = record(name).definition
     d = d if config == "seed" else d.with_config(config)
     variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
     return d if variant is None else d.with_variant(variant)

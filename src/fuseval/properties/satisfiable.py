@@ -26,7 +26,8 @@ def check_satisfiable(op: str, space: Space | str = "small") -> None:
     hooks' ``var_space``) satisfies the definition's constraints: every draw would then be
     rejected, and a property run could say nothing."""
     sp = _space(space)
-    hooks, base = hooks_of(op), load(op)
+    base = load(op)
+    hooks = hooks_of(base)
     vs = hooks.var_space.get(sp.name)
     consts = _start_consts(base, sp)
     candidates = list(_explicit_bindings(op, base, hooks, sp))
