@@ -30,14 +30,14 @@ What one run measures, for each benchmark case of an operator:
   stays the benchmark's floor (the targets are stated against it); the sustained one
   says how much of a large case's distance to it no kernel can close on this GPU.
 
-* the **fast path's options** in force (``OperatorSpec.options_of_fast()``: tile tables,
+* the **fast path's options** in force (``OperatorRecord.fast_options()``: tile tables,
   precision policy), so that a timing can be tied to the configuration that produced it.
 
-Per-operator pieces come from the operator's spec (:mod:`fuseval.operators`), nothing here
-names an operator: the implementations to time default to the spec's ``bench_impls``, else
-every entry of the definition's ``implementations`` table except the oracles
-(``reference*``); the spec's ``bench_fast`` is the one the others are compared with; the
-floor comes from its ``cost()`` model.
+Per-operator pieces come from the operator's record (``defn.operator``, see
+:mod:`fuseval.operators`), nothing here names an operator: the implementations to time
+default to its spec's ``bench_impls``, else every entry of the definition's
+``implementations`` table except the oracles (``reference*``); the spec's ``bench_fast`` is
+the one the others are compared with; the floor comes from its ``cost_model``.
 
 :func:`time_call` (:mod:`fuseval.bench.ceilings`) times fuseval's own work (the ceilings, the fast
 path's parts).

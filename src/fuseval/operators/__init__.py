@@ -14,7 +14,9 @@ The package's ``__init__`` defines ``SPEC = OperatorSpec(...)``. Every reference
 or a definition to code of the operator is a string ``".module:attr"`` (relative to the
 package) or ``"package.module:attr"``, resolved on first use, so listing operators
 imports neither Triton nor the oracles. The harness (check, gate, stats, baseline, bench,
-budget, properties, CLI) reads operators only through this module.
+budget, properties, CLI) reads operators only through this module: the boundary resolves a
+name once (:func:`load`, :func:`record`) and the layers below read the operator's
+:class:`OperatorRecord` off the definition they are given (``defn.operator``).
 
 Operators come from three places: the subpackages of this package, the entry points of
 the ``fuseval.operators`` group (other distributions), and SOL-ExecBench problem folders
@@ -47,8 +49,9 @@ PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
 
 @dataclass(frozen=True)
 class OperatorSpec:
-    """What the harness knows about one operator. ``package`` is the operator's package;
-    the other strings are files in it or ``".module:attr"`` references (None: not provided).
+    """What an operator package declares. ``package`` is the operator's package; the other
+    strings are files in it or ``".module:attr"`` references (None: not provided). The
+    registry builds the operator's :class:`OperatorRecord` from it, which resolves them.
 
     * ``inputs``: {mode: hook} for the input modes the operator draws itself
       (``benchmark``, ``realistic``); a hook is ``hook(defn, axes, seed, device=) -> {name: value}``.
@@ -102,27 +105,9 @@ class OperatorSpec:
 
     # ------------------------------------------------------------------ code
     def resolve(self, reference: str) -> Any:
-        """The object a ``".module:attr"`` or ``"package.module:attr"`` string names."""
+        """The object a ``".module:attr"`` or ``"package.module:attr"`` string names
+        (what the code references name is resolved once, by the operator's record)."""
         return resolve(reference, self.package)
-
-    def input_hook(self, mode: str) -> Callable | None:
-        hook = (self.inputs or {}).get(mode)
-        return None if hook is None else self.resolve(hook)
-
-    def cost(self) -> Callable | None:
-        return None if self.cost_model is None else self.resolve(self.cost_model)
-
-    def property_hooks(self) -> Any | None:
-        return None if self.properties is None else self.resolve(self.properties)
-
-    def options_of_fast(self) -> dict:
-        return {} if self.fast_options is None else dict(self.resolve(self.fast_options)())
-
-    def parts_of_fast(self) -> Callable | None:
-        return None if self.fast_parts is None else self.resolve(self.fast_parts)
-
-    def mutant_catalogue(self) -> list:
-        return [] if self.mutants is None else list(self.resolve(self.mutants)())
 
 
 @dataclass(frozen=True, eq=False)
