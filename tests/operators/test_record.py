@@ -56,3 +56,10 @@ def test_a_definition_travels_to_another_process_as_data():
     defn = load(OP, "small")
     back = pickle.loads(pickle.dumps(defn))
     assert back == defn and back.operator is None and defn.operator is operators.record(OP)
+
+
+def test_in_force_is_what_load_gives_under_the_variant_scope():
+    record = operators.record(VARIANT_OP)
+    assert record.in_force() is record.definition
+    with operators.variant_scope({VARIANT_OP: record.variants[1]}):
+        assert record.in_force() == load(VARIANT_OP) and record.in_force().variant == record.variants[1]

@@ -202,8 +202,9 @@ def _run_under_mode(defn: Definition) -> Callable | None:
 
 
 def _reference_runner(defn: Definition) -> Callable[[Sequence[Any]], tuple]:
-    """How to run the float64 reference of one of fuseval's own operators."""
-    ref = resolve_impl(defn, "reference")
+    """How to run the float64 reference of one of fuseval's own operators (under the
+    variant in force, as its mutants are)."""
+    ref = resolve_impl(defn.operator.in_force(), "reference")
 
     def run_reference(inputs):
         outs = ref(*inputs)

@@ -72,8 +72,10 @@ def passes(outputs, refs, tol) -> bool:
 
 
 def _prefix_taps(defn: Definition, inputs) -> tuple[dict, list[str]]:
-    """The unmutated pipeline's stage taps in float32 (the mutants' own reference), and
-    the definition's stage order."""
+    """The unmutated pipeline's stage taps in float32 (the mutants' own reference: the
+    operator under the variant in force, which its catalogue is built on), and the
+    definition's stage order."""
+    defn = defn.operator.in_force()
     taps: dict = {}
     ref = resolve_impl(defn, "reference")
     ref(*inputs, taps=taps, override={}, dtype=torch.float32, validate=False)

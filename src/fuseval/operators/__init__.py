@@ -32,6 +32,7 @@ import importlib
 import json
 import os
 import pkgutil
+import threading
 from dataclasses import dataclass, replace
 from importlib import metadata, resources
 from typing import Any, Callable, Mapping
@@ -39,8 +40,8 @@ from typing import Any, Callable, Mapping
 from ..definitions import Definition, parse, qualify
 from ..errors import UnknownOperatorError, UsageError
 
-__all__ = ["OperatorSpec", "OperatorRecord", "spec", "record", "names", "resolve", "qualify", "register", "register_problem",
-           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
+__all__ = ["OperatorSpec", "OperatorRecord", "spec", "record", "names", "resolve", "qualify", "register",
+           "register_problem", "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
            "load", "variant_scope"]
 
 ENTRY_POINT_GROUP = "fuseval.operators"
@@ -143,6 +144,13 @@ class OperatorRecord:
     @property
     def package(self) -> str:
         return self.spec.package
+
+    def in_force(self) -> Definition:
+        """Its definition (seed configuration) under the variant in force
+        (:func:`variant_scope`; outside any, the benchmark's semantics): what ``load(name)``
+        gives, and what its mutant catalogue is built on."""
+        variant = _VARIANT_SCOPE.get().get(self.name)
+        return self.definition if variant is None else self.definition.with_variant(variant)
 
     def _resolved(self, reference: str | None) -> Any:
         return None if reference is None else self.spec.resolve(reference)
@@ -295,6 +303,7 @@ def spec(name: str) -> OperatorSpec:
 # ---------------------------------------------------------------------- records by name
 # {name: record}; a record is rebuilt when the registry holds another spec under its name
 _CACHE: dict[str, OperatorRecord] = {}
+_BUILDING = threading.Lock()        # the gate's threads load operators side by side: one record each
 
 
 def _build(spec_: OperatorSpec) -> OperatorRecord:
@@ -317,7 +326,10 @@ def record(name: str) -> OperatorRecord:
     spec_ = spec(name)          # UnknownOperatorError names the known ones
     found = _CACHE.get(name)
     if found is None or found.spec is not spec_:
-        found = _CACHE[name] = _build(spec_)
+        with _BUILDING:
+            found = _CACHE.get(name)
+            if found is None or found.spec is not spec_:
+                found = _CACHE[name] = _build(spec_)
     return found
 
 
