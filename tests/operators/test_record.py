@@ -56,6 +56,8 @@ def test_a_definition_travels_to_another_process_as_data():
     defn = load(OP, "small")
     back = pickle.loads(pickle.dumps(defn))
     assert back == defn and back.operator is None and defn.operator is operators.record(OP)
+    # and reads as data: its record does not lead back to it
+    assert dataclasses.asdict(defn)["operator"]["spec"]["name"] == OP
 
 
 def test_in_force_is_what_load_gives_under_the_variant_scope():

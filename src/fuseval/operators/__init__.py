@@ -127,9 +127,14 @@ class OperatorRecord:
     fast path's options in force) is called anew each time, so it sees the variant and
     options in force then."""
     spec: OperatorSpec
-    definition: Definition
     variants: tuple[str, ...]
     directory: str | None = None
+
+    @property
+    def definition(self) -> Definition:
+        # set once by the registry; not a dataclass field, so that dataclasses.asdict of a
+        # definition (which holds its record) does not loop back through it
+        return self.__dict__["_definition"]
 
     @property
     def name(self) -> str:
@@ -312,10 +317,10 @@ def _build(spec_: OperatorSpec) -> OperatorRecord:
         raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
                          f"its spec {spec_.name!r}")
     base = parse(raw, spec_.package)
-    rec = OperatorRecord(spec=spec_, definition=base, variants=tuple(base.variant_names),
+    rec = OperatorRecord(spec=spec_, variants=tuple(base.variant_names),
                          directory=getattr(spec_, "directory", None) or None)
     # the record holds its definition and the definition its record (both immutable)
-    object.__setattr__(rec, "definition", replace(base, operator=rec))
+    object.__setattr__(rec, "_definition", replace(base, operator=rec))
     return rec
 
 
