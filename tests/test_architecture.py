@@ -231,3 +231,133 @@ def test_the_import_scan_sees_cycles_and_upward_imports(tmp_path):
                                                                         "fuseval.operators.nvfp4_qkv_rope"]
     with pytest.raises(AssertionError, match="in no layer"):
         layer_of("fuseval.a_module_nobody_placed")
+
+
+# --------------------------------------------------------------------------- one operator record
+# The registry resolves an operator's name into its record (``fuseval.operators.OperatorRecord``)
+# once, at the boundary, and attaches it to every Definition it loads (``defn.operator``); the
+# layers below the operator packages read hooks, cost model, mutants and budget file off the
+# definition or record they are given. A call of the registry's resolvers there (``spec``,
+# ``record``, ``load``, ``implementations.get``) is a name looked up from below, allowed only in
+# the functions listed here: the Python API's entry points, which take a name (or a Definition)
+# and resolve it once, and the places where a name is all there is (a file's or a report's
+# "op", a unit of work sent to another process). Each entry says why; a new lookup fails.
+RESOLVERS = {"fuseval.operators": {"spec", "record", "load"}, "fuseval.operators.implementations": {"get"}}
+NAME_BOUNDARIES = {
+    # the registry's own public resolvers (fuseval.operators is the registry itself)
+    "fuseval.operators.implementations": {"get"},
+    "fuseval.operators.mutants": {"make", "_record"},      # catalogues name their operator; catalogue("op")
+    # entry points of the Python API: they take a name or a Definition
+    "fuseval.check": {"run_check"},
+    "fuseval.budget.runner": {"run_request"},
+    "fuseval.bench": {"run_request"},
+    "fuseval.baseline": {"collect"},
+    "fuseval.interop.crosscheck": {"crosscheck"},
+    # the gate's context holds operator names: run_gate resolves them, and its parallel units and
+    # warm-up processes are sent names, which each process resolves for itself
+    "fuseval.gate.context": {"resolve_ops", "context"},
+    "fuseval.gate.runner": {"_plan", "_prespawn_workers"},
+    "fuseval.gate.components": {"_check_covers_budget_hygiene", "implementation_for"},
+    "fuseval.gate.warmup": {"shapes", "_warm_one"},
+    # data that names its operator: a budget file's "op", a check report's
+    "fuseval.budget.budgetfile": {"parse_budget", "load_budget"},
+    "fuseval.terminal": {"print_check_report"},
+    # the property engine's public functions take an operator name (its Binding and Example
+    # carry it into the reproduction commands they print)
+    "fuseval.properties.fast_vs_reference": {"check_implementation", "has_tight_bound", "tight_bound"},
+    "fuseval.properties.strategies": {"Binding.definition", "input_modes", "named_config", "axis_bindings",
+                                      "recipe_features", "make_recipe", "recipes", "explicit_examples"},
+    "fuseval.properties.satisfiable": {"check_satisfiable", "_candidates"},
+    "fuseval.properties.invariants": {"oracle_for", "batch_independence"},
+}
+
+
+def name_lookups(module: str, path: pathlib.Path) -> list[tuple[str, int, str]]:
+    """(function, line, call) of every call in the file of a registry resolver (RESOLVERS),
+    bound by ``from ... import`` or through its module (``operators.spec``, ``_ops.get``)."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def absolute(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        parts = package.split(".")
+        parts = parts[:len(parts) - (node.level - 1)]
+        return ".".join(parts) + ("." + node.module if node.module else "")
+
+    functions: dict[str, str] = {}       # local name -> "resolver module:function"
+    modules: dict[str, str] = {}         # local name -> resolver module
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = absolute(node)
+            for a in node.names:
+                if f"{base}.{a.name}" in RESOLVERS:
+                    modules[a.asname or a.name] = f"{base}.{a.name}"
+                elif a.name in RESOLVERS.get(base, ()):
+                    functions[a.asname or a.name] = f"{base}:{a.name}"
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in RESOLVERS and a.asname:
+                    modules[a.asname] = a.name
+    found = []
+
+    def visit(node: ast.AST, where: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, [*where, child.name])
+                continue
+            if isinstance(child, ast.Call):
+                f = child.func
+                target = None
+                if isinstance(f, ast.Name) and f.id in functions:
+                    target = functions[f.id]
+                elif isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id in modules \
+                        and f.attr in RESOLVERS[modules[f.value.id]]:
+                    target = f"{modules[f.value.id]}:{f.attr}"
+                if target is not None:
+                    found.append((".".join(where) or "<module>", child.lineno, target))
+            visit(child, where)
+    visit(tree, [])
+    return found
+
+
+# every module below the operator packages but the registry itself (fuseval.operators)
+BELOW_OPERATOR_PACKAGES = [m for m in MODULES if m != "fuseval.operators"
+                           and layer_of(m) < layer_of("fuseval.operators.some_operator")]
+
+
+def test_lower_layers_receive_the_operator_record_not_a_name():
+    # a boundary resolves a name into a definition or a record; the spec (the registry's raw
+    # entry) is read through the record, never looked up here
+    found = [f"{m}:{function} line {line} calls {target}" for m in BELOW_OPERATOR_PACKAGES
+             for function, line, target in name_lookups(m, MODULES[m])
+             if function not in NAME_BOUNDARIES.get(m, ()) or target.endswith(":spec")]
+    assert not found, ("operators looked up by name below the interfaces (read defn.operator, or pass the "
+                       "Definition down; a new boundary that takes a name goes in NAME_BOUNDARIES, with why):\n"
+                       + "\n".join(found))
+
+
+def test_every_listed_boundary_still_resolves_a_name():
+    # the list is what remains to move to the boundary: an entry that no longer looks up goes
+    used = {(m, function) for m in BELOW_OPERATOR_PACKAGES for function, _, _ in name_lookups(m, MODULES[m])}
+    stale = [f"{m}:{function}" for m, functions in NAME_BOUNDARIES.items() for function in sorted(functions)
+             if (m, function) not in used]
+    assert not stale, "NAME_BOUNDARIES lists functions that look no operator up by name: " + ", ".join(stale)
+
+
+def test_the_lookup_scan_sees_every_way_of_calling_the_registry(tmp_path):
+    # the rule above would pass vacuously if the scan missed a spelling of the lookup
+    f = tmp_path / "m.py"
+    f.write_text("from .. import operators\nfrom ..operators import load as L, resolve\n"
+                 "from ..operators import implementations as _ops\n"
+                 "def draw(defn, mode):\n    return operators.spec(defn.name).input_hook(mode)\n"
+                 "class Space:\n    def definition(self):\n        return L(self.op)\n"
+                 "def run(op):\n    return _ops.get(op).definition, resolve('.x:y', 'p'), operators.names()\n"
+                 "HOOKS = operators.record('x')\n")
+    assert name_lookups("fuseval.budget.m", f) == [
+        ("draw", 5, "fuseval.operators:spec"), ("Space.definition", 8, "fuseval.operators:load"),
+        ("run", 10, "fuseval.operators.implementations:get"), ("<module>", 11, "fuseval.operators:record")]
+    assert "fuseval.inputs" in BELOW_OPERATOR_PACKAGES and "fuseval.gate.context" in BELOW_OPERATOR_PACKAGES
+    assert "fuseval.operators" not in BELOW_OPERATOR_PACKAGES
+    assert not any(m.startswith("fuseval.operators.residual_rmsnorm") or m.startswith("fuseval.commands")
+                   for m in BELOW_OPERATOR_PACKAGES)

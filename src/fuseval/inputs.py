@@ -39,7 +39,6 @@ from typing import Any, Collection, Mapping
 
 import torch
 
-from . import operators
 from .definitions import Definition, TensorSpec
 from .refimpl import nvfp4
 
@@ -227,9 +226,9 @@ def draw_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: int = 0,
     if unknown:
         raise ValueError(f"{defn.name}: names: {unknown} are not inputs (inputs: {defn.input_names})")
     axes = defn.resolve_axes(var_axes)
-    # an operator may draw its inputs itself (its spec's ``inputs`` hooks): the realistic
+    # an operator may draw its inputs itself (its record's ``inputs`` hooks): the realistic
     # mode, or the benchmark mode where the benchmark uses a custom generator of its own
-    hook = operators.spec(defn.name).input_hook(mode)
+    hook = defn.operator.input_hook(mode)
     device = torch.device(device)
     if hook is not None:
         values = hook(defn, axes, seed, device=device)

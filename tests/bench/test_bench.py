@@ -276,7 +276,7 @@ def test_gpu_run_bench_times_checks_and_floors(tmp_path):
     assert 0.3 * burst < steady < 1.1 * burst
     assert cb.floor_sustained_ms >= 0.9 * cb.floor_ms
     assert clocks["sustained_ceilings"]["bf16"]["samples"] >= 1
-    assert report.fast_options == operators.spec("nvfp4_qkv_rope").options_of_fast()
+    assert report.fast_options == operators.record("nvfp4_qkv_rope").fast_options()
     assert report.settings["l2_flush_bytes"] == bench.L2_FLUSH_BYTES
     bench_render.write_outputs(report, str(tmp_path))
     assert json.loads((tmp_path / "bench.json").read_text())["fast_options"] == report.fast_options

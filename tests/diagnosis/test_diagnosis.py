@@ -235,7 +235,7 @@ def test_mutants_from_their_stage_equal_the_whole_run():
     defn = load(M.B_OP, "small")
     case = defn.cases()[3]
     x = generate_inputs(defn, case.axes, seed=random.randrange(2 ** 31))
-    taps, order = _prefix_taps(M.B_OP, x)
+    taps, order = _prefix_taps(defn, x)
     for m in catalogue(M.B_OP):
         part = m.fn.staged(*x, override={s: taps[s] for s in order[:order.index(m.stage)]})
         for a, b in zip(m(*x), part):
@@ -251,14 +251,14 @@ def test_imported_problem_anatomy_and_generic_epsilon(register):
     x = generate_inputs(defn, case.axes, seed=random.randrange(2 ** 31))
     refs = resolve_impl(defn, "reference")(*x)
     from fuseval.diagnosis.generic import run_generic
-    outs, hits, _ = run_generic(spec.name, "dropped_epsilon", x)
+    outs, hits, _ = run_generic(defn, "dropped_epsilon", x)
     assert hits >= 1
     # the epsilon only shows on rows with a small RMS: make the first row tiny
     names = defn.input_names
     x[0] = x[0].clone()
     x[0].view(-1, x[0].shape[-1])[0] *= 1e-4
     refs = resolve_impl(defn, "reference")(*x)
-    outs, _, _ = run_generic(spec.name, "dropped_epsilon", x)
+    outs, _, _ = run_generic(defn, "dropped_epsilon", x)
     outs = [o.to(r.dtype) if o.dtype != r.dtype else o for o, r in zip(outs, refs)]
     d = diagnose_case(defn, x, [o.to(torch.bfloat16) for o in outs], refs, tol)
     if d.outputs[0].failing:

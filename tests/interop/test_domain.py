@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 
 from fuseval import cli
+from fuseval.operators import load
 from fuseval.comparison import BLIND_FRACTION, blind_outputs
 from fuseval.definitions import TensorSpec, Tolerance
 from fuseval.errors import OutOfMemory
@@ -281,9 +282,9 @@ def test_a_draw_the_benchmarks_reference_misses_does_not_excuse_a_larger_error(t
 def test_without_the_precision_baseline_the_references_own_misses_fail(tmp_path, register, monkeypatch):
     # the rule's mutant: with no baseline, the benchmark's own reference fails its properties
     spec = register(_rounds_between_workloads(tmp_path, "rounds_strict"))
-    hooks = fast_vs_reference.hooks_of(spec.name)
+    hooks = fast_vs_reference.hooks_of(load(spec.name))
     monkeypatch.setattr(fast_vs_reference, "hooks_of",
-                        lambda op: replace(hooks, precision_baseline=None) if op == spec.name else hooks)
+                        lambda op: replace(hooks, precision_baseline=None) if op.name == spec.name else hooks)
     report = check_implementation(spec.name, "sol_reference", profile="ci", metamorphic=False)
     assert not report.passed and not report.excused
 

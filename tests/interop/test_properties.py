@@ -62,7 +62,7 @@ def no_eps(hidden_states, weight, eps):
 def test_var_axes_come_from_the_workloads(register):
     spec = register(RMSNORM)
     rows = _workloads(RMSNORM)
-    space = hooks_of(spec.name).var_space["small"]
+    space = hooks_of(fuseval.operators.load(spec.name)).var_space["small"]
     for axis in ("batch_size", "seq_len"):
         values = [w["axes"][axis] for w in rows]
         assert space.ranges[axis] == (min(values), max(values))
@@ -136,7 +136,7 @@ def test_a_kernel_wrong_off_the_workloads_passes_the_check_and_fails_the_propert
 
 def test_the_adversarial_recipes_catch_a_kernel_without_eps(register):
     spec = register(RMSNORM)
-    assert hooks_of(spec.name).eps_input == "eps"
+    assert hooks_of(fuseval.operators.load(spec.name)).eps_input == "eps"
     assert fuseval.check(spec.name, no_eps, isolate=False).passed
     report = check_implementation(spec.name, no_eps, profile="ci")
     assert not report.passed and report.failures[0].example.mode == "adversarial"
@@ -172,7 +172,7 @@ def test_each_example_is_judged_under_its_workloads_tolerance(register):
 def test_batch_independence_is_checked_only_where_the_oracle_has_it(tmp_path, register):
     spec = register(RMSNORM)
     # batch_size leads every input that has it and the output: its items are checked
-    assert [c.__name__ for c in hooks_of(spec.name).invariants] == ["independent_along_batch_size"]
+    assert [c.__name__ for c in hooks_of(fuseval.operators.load(spec.name)).invariants] == ["independent_along_batch_size"]
     # a problem that centres over the batch: its oracle is not batch independent, so the check
     # is not made (no false alarm on its own reference)
     folder = tmp_path / "centred"

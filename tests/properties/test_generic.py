@@ -95,7 +95,7 @@ def hookless():
 
 
 def test_an_operator_without_hooks_gets_the_defaults_and_no_mutants(hookless):
-    assert hooks_of(hookless) == PropertyHooks()
+    assert hooks_of(operators.load(hookless)) == PropertyHooks()
     assert mutants.catalogue(hookless) == []
     with pytest.raises(ValueError, match="has no mutant 'anything'"):
         mutants.get(hookless, "anything")
@@ -172,7 +172,7 @@ def test_generic_batch_independence_catches_items_mixed(hookless):
 def test_hooks_that_name_something_else_are_a_type_error(hookless):
     operators.registry()[hookless] = dataclasses.replace(toy.SPEC, properties=".:torch_impl")
     with pytest.raises(TypeError, match="expected a fuseval.properties.hooks.PropertyHooks"):
-        hooks_of(hookless)
+        hooks_of(operators.load(hookless))
 
 
 def test_hooks_reject_inconsistent_fields():

@@ -36,7 +36,7 @@ def _collect(strategy, n=120):
 def test_axis_bindings_cover_the_space(op):
     """GQA ratios 1, 2, 4, 7, several head_dims, hidden sizes that are and are not
     multiples of 32, seq_len 1 upward; every binding satisfies the definition."""
-    hq, hkv = hooks_of(op).gqa_axes
+    hq, hkv = hooks_of(load(op)).gqa_axes
     seen = _collect(S.axis_bindings(op), n=150)
     ratios = {b.config[hq] // b.config[hkv] for b in seen}
     assert ratios == {1, 2, 4, 7}

@@ -30,14 +30,14 @@ What one run measures, for each benchmark case of an operator:
   stays the benchmark's floor (the targets are stated against it); the sustained one
   says how much of a large case's distance to it no kernel can close on this GPU.
 
-* the **fast path's options** in force (``OperatorSpec.options_of_fast()``: tile tables,
+* the **fast path's options** in force (``OperatorRecord.fast_options()``: tile tables,
   precision policy), so that a timing can be tied to the configuration that produced it.
 
-Per-operator pieces come from the operator's spec (:mod:`fuseval.operators`), nothing here
-names an operator: the implementations to time default to the spec's ``bench_impls``, else
-every entry of the definition's ``implementations`` table except the oracles
-(``reference*``); the spec's ``bench_fast`` is the one the others are compared with; the
-floor comes from its ``cost()`` model.
+Per-operator pieces come from the operator's record (``defn.operator``, see
+:mod:`fuseval.operators`), nothing here names an operator: the implementations to time
+default to its spec's ``bench_impls``, else every entry of the definition's
+``implementations`` table except the oracles (``reference*``); the spec's ``bench_fast`` is
+the one the others are compared with; the floor comes from its ``cost_model``.
 
 :func:`time_call` (:mod:`fuseval.bench.ceilings`) times fuseval's own work (the ceilings, the fast
 path's parts).
@@ -53,7 +53,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
-from .. import operators
 from ..operators import implementations as _ops
 from .render import plot_report, print_bench_report, write_outputs
 from .ceilings import (MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, BenchSkipped, Ceilings, SustainedRate, Timing,
@@ -96,15 +95,15 @@ class BenchSpec:
 
 
 def bench_spec(defn: Definition, impls: Sequence[str] | None = None) -> BenchSpec:
-    """The operator's benchmark pieces, from its spec: ``cost_model(axes)``, the
+    """The operator's benchmark pieces, from its record: ``cost_model(axes)``, the
     implementations timed by default and which of them is its fast path."""
-    op = operators.spec(defn.name)
-    default = list(op.bench_impls or [k for k in defn.implementations if "reference" not in k])
+    record = defn.operator
+    default = list(record.spec.bench_impls or [k for k in defn.implementations if "reference" not in k])
     chosen = list(impls) if impls else default
     if not chosen:
         raise ValueError(f"{defn.name}: no implementation to benchmark")
-    fast = op.bench_fast if op.bench_fast in chosen else None
-    return BenchSpec(defn.name, chosen, fast, op.cost(), op.parts_of_fast() if fast else None)
+    fast = record.spec.bench_fast if record.spec.bench_fast in chosen else None
+    return BenchSpec(defn.name, chosen, fast, record.cost_model, record.fast_parts if fast else None)
 
 
 # --------------------------------------------------------------------------- results
@@ -245,7 +244,7 @@ def run_request(request: BenchRequest) -> BenchReport:
     # every implementation runs (and is timed) in a worker of its own, never in this process
     fns = {name: _runner(operator, name, device, None, None)[0] for name in spec.impls}
     # read once the fast path is resolved, i.e. with the options its module settled on
-    fast_options = operators.spec(defn.name).options_of_fast() if spec.fast else None
+    fast_options = defn.operator.fast_options() if spec.fast else None
     reference = operator.reference
     if seed is None:
         seed = int.from_bytes(os.urandom(4), "little") & 0x3FFFFFFF  # fresh inputs each run

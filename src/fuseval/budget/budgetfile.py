@@ -229,9 +229,9 @@ _STAGE_KEYS = {"dtype", "operand_dtype", "allowance", "note"}
 _E2E_KEYS = {"tolerance", "dtype", "allowance", "note"}
 
 
-def default_budget_path(op: str) -> str | None:
-    """The budget file the operator ships (None: it has none)."""
-    return operators.spec(op).budget_path()
+def default_budget_path(defn: Definition) -> str | None:
+    """The budget file the operator of ``defn`` ships (None: it has none)."""
+    return defn.operator.budget_path
 
 
 def _check_keys(raw: Any, allowed: set[str], where: str) -> None:
@@ -312,9 +312,15 @@ def parse_budget(raw: Any, source: str = "<dict>", defn: Definition | None = Non
     return Budget(op, source, description, stages, end_to_end, raw)
 
 
-def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget, defn: Definition | None = None) -> Budget:
-    """A validated :class:`Budget` from an operator name (its packaged default), a path
-    to a JSON file, a dict, or a Budget (returned as is after checking the operator)."""
+def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget | None,
+                defn: Definition | None = None) -> Budget:
+    """A validated :class:`Budget` from None (the packaged default of ``defn``'s operator),
+    an operator name (its packaged default), a path to a JSON file, a dict, or a Budget
+    (returned as is after checking the operator)."""
+    if budget is None:
+        if defn is None:
+            raise ValueError("load_budget: give a budget, or the definition whose packaged budget to load")
+        budget = defn.name
     if isinstance(budget, Budget):
         if defn is not None and defn.name != budget.op:
             raise ValueError(f"budget {budget.source}: op: the budget is for {budget.op!r}, "
@@ -324,7 +330,8 @@ def load_budget(budget: str | os.PathLike | Mapping[str, Any] | Budget, defn: De
         return parse_budget(budget, "<dict>", defn)
     text_path = os.fspath(budget)
     if text_path in operators.names():
-        path = default_budget_path(text_path)
+        # the packaged default of the operator named: the run's own when it is that one
+        path = default_budget_path(defn if defn is not None and defn.name == text_path else load(text_path))
         if path is None:
             raise ValueError(f"operator {text_path!r} ships no budget file; give a path to one")
     else:

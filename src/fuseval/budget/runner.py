@@ -425,7 +425,7 @@ def run_request(request: BudgetRequest) -> BudgetReport:
         operator = _ops.get(op, config)
     check_cases_in(cases, len(operator.definition.seed_cases), r.name("cases"))
     defn = operator.definition
-    bud = load_budget(budget if budget is not None else defn.name, defn)
+    bud = load_budget(budget, defn)
     dev = resolve_device(device)
     fn = _implementation(operator, impl, dev, isolate, timeout)
     staged = fn.staged if isinstance(fn, IsolatedImpl) and hasattr(fn, "staged") else \

@@ -146,6 +146,16 @@ class Definition:
     variant: str = DEFAULT_VARIANT
     # the named configuration whose case scaling the cases follow ("seed": full-size)
     case_config: str = "seed"
+    # the operator record (``fuseval.operators.OperatorRecord``: oracle, hooks, cost model,
+    # mutants, budget file) the registry attached when it loaded this definition; every
+    # configuration and variant of it carries the same one. This layer only holds it (it
+    # knows nothing of the registry); None for a definition parsed outside the registry.
+    operator: Any = field(default=None, repr=False, compare=False)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # a definition travels to a worker process (or back in a pickled report) as data:
+        # without its record, whose resolved code stays in the process that resolved it
+        return {k: v for k, v in self.__dict__.items() if k != "operator"}
 
     # ---- axes
     @property

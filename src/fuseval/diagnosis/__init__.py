@@ -81,7 +81,7 @@ def diagnose_outputs(defn, outputs: Sequence[torch.Tensor], refs: Sequence[torch
                      hints: Hints | None = None, seed: int = 0) -> tuple[list[OutputAnatomy], list[str]]:
     """The anatomy of every output, and the outputs that hold another output's values (a swap)."""
     bound = _bound(defn, outputs)
-    hints = hints if hints is not None else hints_for(defn.name, bound)
+    hints = hints if hints is not None else hints_for(defn, bound)
     found = []
     for o, r, spec in zip(outputs, refs, defn.outputs):
         names = list(spec.shape) if spec.shape else []
@@ -123,7 +123,7 @@ def diagnose_case(defn, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], 
     clock: dict[str, float] = {}
     t0 = time.perf_counter()
     bound = _bound(defn, outputs)
-    hints = hints_for(defn.name, bound)
+    hints = hints_for(defn, bound)
     anatomies, swapped = diagnose_outputs(defn, outputs, refs, tol, hints, seed)
     clock["anatomy"] = time.perf_counter() - t0
     names = defn.output_names
@@ -133,12 +133,12 @@ def diagnose_case(defn, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], 
     if mutants:
         t0 = time.perf_counter()
         try:
-            matches = rank_mutants(defn.name, inputs, outputs, refs, tol, names, progress=progress)
+            matches = rank_mutants(defn, inputs, outputs, refs, tol, names, progress=progress)
             explained = any(m.visible and m.agreement >= NEAR for m in matches)
             if not explained:
                 # no catalogue, or nothing in it near: the generic mistakes, through the oracle
                 from .generic import generic_matches
-                generic = generic_matches(defn.name, inputs, outputs, refs, tol, names)
+                generic = generic_matches(defn, inputs, outputs, refs, tol, names)
                 if generic:
                     notes.append(("no mutant catalogue" if not matches else "nothing in the catalogue is near")
                                  + ": generic mistakes tried through the oracle")

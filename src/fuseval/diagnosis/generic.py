@@ -12,15 +12,13 @@ the lifted one take the same path.
 """
 from __future__ import annotations
 
-import importlib
 import math
 from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
-from .. import operators
-from ..operators import load
+from ..definitions import Definition
 from ..operators.implementations import resolve_impl
 from .matching import MutantMatch, agreement_all, passes
 
@@ -195,17 +193,18 @@ GENERIC_MISTAKES = {
 }
 
 
-def _run_under_mode(op: str) -> Callable | None:
+def _run_under_mode(defn: Definition) -> Callable | None:
     """How an operator whose reference runs elsewhere (an imported problem's, in its own
     worker) runs it under a torch function mode: its module's ``reference_under_mode``,
     or None for an operator whose oracle runs here."""
-    module = importlib.import_module(operators.spec(op).package)
+    module = defn.operator.module
     return getattr(module, "reference_under_mode", None)
 
 
-def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
-    """How to run the float64 reference of one of fuseval's own operators."""
-    ref = resolve_impl(load(op), "reference")
+def _reference_runner(defn: Definition) -> Callable[[Sequence[Any]], tuple]:
+    """How to run the float64 reference of one of fuseval's own operators (under the
+    variant in force, as its mutants are)."""
+    ref = resolve_impl(defn.operator.in_force(), "reference")
 
     def run_reference(inputs):
         outs = ref(*inputs)
@@ -217,23 +216,23 @@ def _reference_runner(op: str) -> Callable[[Sequence[Any]], tuple]:
 PER_SITE = {"transposed_operand": 8}
 
 
-def run_generic(op: str, kind: str, inputs: Sequence[Any], site: int | None = None,
+def run_generic(defn: Definition, kind: str, inputs: Sequence[Any], site: int | None = None,
                 count_only: bool = False) -> tuple[tuple | None, int, list[str]]:
     """(the oracle's outputs with mistake ``kind`` (at call ``site`` only, when given), how
     many calls it rewrote, the calls it applies to). An imported problem's oracle is its
     reference lifted to float64, run where its code runs
     (its module's ``reference_under_mode``, under this module's mode)."""
-    elsewhere = _run_under_mode(op)
+    elsewhere = _run_under_mode(defn)
     if elsewhere is not None:
         outs, said = elsewhere(inputs, (f"{__name__}:_Mistake", [kind, site, count_only]))
         return tuple(outs), int(said["hits"]), [str(x) for x in said["sites"]]
     mode = _Mistake(kind, site, count_only)
     with torch.no_grad(), mode:
-        outs = _reference_runner(op)(inputs)
+        outs = _reference_runner(defn)(inputs)
     return tuple(outs), mode.hits, mode.sites
 
 
-def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
+def generic_matches(defn: Definition, inputs, outputs, refs, tol, output_names) -> list:
     """Every generic mistake that applies on ``inputs``, as :class:`MutantMatch` (kind "generic")."""
     import time
 
@@ -242,7 +241,7 @@ def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
     for kind, what in GENERIC_MISTAKES.items():
         if kind in PER_SITE:
             try:
-                _, _, sites = run_generic(op, kind, inputs, count_only=True)
+                _, _, sites = run_generic(defn, kind, inputs, count_only=True)
             except Exception:  # noqa: BLE001 - the mistake does not apply here
                 sites = []
             # a site seen twice with the same shapes is one call of a loop: its first one is tried
@@ -256,7 +255,7 @@ def generic_matches(op: str, inputs, outputs, refs, tol, output_names) -> list:
     for name, kind, site, what in tries:
         t0 = time.perf_counter()
         try:
-            produced, hits, _ = run_generic(op, kind, inputs, site=site)
+            produced, hits, _ = run_generic(defn, kind, inputs, site=site)
         except Exception as exc:  # noqa: BLE001 - a mistake that breaks the reference does not apply
             found.append(MutantMatch(name, "", what, 0.0, {}, math.inf, False, kind="generic",
                                      error=f"{type(exc).__name__}: {exc}"[:200]))

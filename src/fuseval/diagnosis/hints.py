@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
-from .. import operators
 
 __all__ = ["Hints", "Part", "hints_for", "axis_label", "input_groups"]
 
@@ -53,17 +52,12 @@ def axis_label(name: str, hints: Hints | None = None) -> str:
     return f"{name} index"
 
 
-def hints_for(op: str, bound: Mapping[str, int]) -> Hints:
-    """The operator's hints at the case's sizes; an empty :class:`Hints` when it has none
-    (imported problems: the anatomy still works, from the definition alone)."""
-    try:
-        spec = operators.spec(op)
-    except Exception:  # noqa: BLE001 - an operator unknown here has no hints, not an error
-        return Hints()
-    ref = getattr(spec, "diagnosis", None)
-    if not ref:
-        return Hints()
-    return spec.resolve(ref)(dict(bound))
+def hints_for(defn, bound: Mapping[str, int]) -> Hints:
+    """The hints of ``defn``'s operator at the case's sizes; an empty :class:`Hints` when it
+    has none (imported problems: the anatomy still works, from the definition alone)."""
+    record = getattr(defn, "operator", None)
+    hints = None if record is None else record.diagnosis_hints
+    return Hints() if hints is None else hints(dict(bound))
 
 
 def input_groups(defn, hints: Hints) -> dict[str, list[str]]:

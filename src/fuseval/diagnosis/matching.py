@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from .anatomy import agreement, failing_mask
-from ..operators import load
+from ..definitions import Definition
 from ..operators.implementations import resolve_impl
 from ..operators.mutants import catalogue as read_catalogue
 
@@ -71,24 +71,25 @@ def passes(outputs, refs, tol) -> bool:
     return True
 
 
-def _prefix_taps(op: str, inputs) -> tuple[dict, list[str]]:
-    """The unmutated pipeline's stage taps in float32 (the mutants' own reference), and
-    the definition's stage order."""
-    defn = load(op)
+def _prefix_taps(defn: Definition, inputs) -> tuple[dict, list[str]]:
+    """The unmutated pipeline's stage taps in float32 (the mutants' own reference: the
+    operator under the variant in force, which its catalogue is built on), and the
+    definition's stage order."""
+    defn = defn.operator.in_force()
     taps: dict = {}
     ref = resolve_impl(defn, "reference")
     ref(*inputs, taps=taps, override={}, dtype=torch.float32, validate=False)
     return taps, defn.stage_names
 
 
-def rank_mutants(op: str, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
+def rank_mutants(defn: Definition, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], refs: Sequence[torch.Tensor],
                  tol, output_names: Sequence[str], *, catalogue: Sequence | None = None,
                  progress: Callable[[str], None] | None = None) -> list[MutantMatch]:
-    """Every mutant of ``op``'s catalogue on ``inputs``, ranked (best first, visible first)."""
-    mutants = list(read_catalogue(op) if catalogue is None else catalogue)
+    """Every mutant of ``defn``'s catalogue on ``inputs``, ranked (best first, visible first)."""
+    mutants = list(read_catalogue(defn) if catalogue is None else catalogue)
     if not mutants:
         return []
-    taps, order = _prefix_taps(op, inputs)
+    taps, order = _prefix_taps(defn, inputs)
     found = []
     for k, m in enumerate(mutants):
         if progress:

@@ -79,7 +79,7 @@ def resolve_ops(op: str | Sequence[str]) -> list[str]:
     if not names:
         raise UnknownOperatorError(f"no operator given; known operators: {', '.join(known)} (or 'all')")
     for name in names:
-        operators.spec(name)            # UnknownOperatorError names the known operators
+        operators.record(name)          # UnknownOperatorError names the known operators
     return names
 
 
@@ -129,7 +129,7 @@ def _profile_cases(cases: tuple[int, ...] | None, n: int) -> list[int] | None:
 def _budget_for(op: str, s: Settings, defn: Any) -> tuple[Any, str | None]:
     """(the budget to hand to run_budget, why the budget is not run for ``op`` or None)."""
     if s.budget is None:
-        return None, (None if operators.spec(op).budget_path() else "the operator ships no budget file")
+        return None, (None if defn.operator.budget_path else "the operator ships no budget file")
     try:
         return load_budget(s.budget, defn), None
     except (ValueError, OSError) as exc:

@@ -14,7 +14,9 @@ The package's ``__init__`` defines ``SPEC = OperatorSpec(...)``. Every reference
 or a definition to code of the operator is a string ``".module:attr"`` (relative to the
 package) or ``"package.module:attr"``, resolved on first use, so listing operators
 imports neither Triton nor the oracles. The harness (check, gate, stats, baseline, bench,
-budget, properties, CLI) reads operators only through this module.
+budget, properties, CLI) reads operators only through this module: the boundary resolves a
+name once (:func:`load`, :func:`record`) and the layers below read the operator's
+:class:`OperatorRecord` off the definition they are given (``defn.operator``).
 
 Operators come from three places: the subpackages of this package, the entry points of
 the ``fuseval.operators`` group (other distributions), and SOL-ExecBench problem folders
@@ -25,19 +27,21 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import json
 import os
 import pkgutil
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, replace
 from importlib import metadata, resources
 from typing import Any, Callable, Mapping
 
 from ..definitions import Definition, parse, qualify
 from ..errors import UnknownOperatorError, UsageError
 
-__all__ = ["OperatorSpec", "spec", "names", "resolve", "qualify", "register", "register_problem",
-           "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
+__all__ = ["OperatorSpec", "OperatorRecord", "spec", "record", "names", "resolve", "qualify", "register",
+           "register_problem", "ENTRY_POINT_GROUP", "PROBLEM_PATH_ENV",
            "load", "variant_scope"]
 
 ENTRY_POINT_GROUP = "fuseval.operators"
@@ -46,8 +50,9 @@ PROBLEM_PATH_ENV = "FUSEVAL_PROBLEM_PATH"
 
 @dataclass(frozen=True)
 class OperatorSpec:
-    """What the harness knows about one operator. ``package`` is the operator's package;
-    the other strings are files in it or ``".module:attr"`` references (None: not provided).
+    """What an operator package declares. ``package`` is the operator's package; the other
+    strings are files in it or ``".module:attr"`` references (None: not provided). The
+    registry builds the operator's :class:`OperatorRecord` from it, which resolves them.
 
     * ``inputs``: {mode: hook} for the input modes the operator draws itself
       (``benchmark``, ``realistic``); a hook is ``hook(defn, axes, seed, device=) -> {name: value}``.
@@ -101,27 +106,108 @@ class OperatorSpec:
 
     # ------------------------------------------------------------------ code
     def resolve(self, reference: str) -> Any:
-        """The object a ``".module:attr"`` or ``"package.module:attr"`` string names."""
+        """The object a ``".module:attr"`` or ``"package.module:attr"`` string names
+        (what the code references name is resolved once, by the operator's record)."""
         return resolve(reference, self.package)
 
+
+@dataclass(frozen=True, eq=False)
+class OperatorRecord:
+    """One operator as the harness receives it: built once by the registry from its
+    :class:`OperatorSpec`, immutable, and attached to every :class:`Definition` the registry
+    loads (``defn.operator``), so the layers below the interfaces read an operator's
+    oracle, hooks, cost model, mutants and budget file off the definition they were given,
+    never by looking its name up.
+
+    ``definition`` is the operator's data (seed configuration, the benchmark's semantics);
+    ``variants`` its semantic variants, the benchmark's first; ``directory`` the problem
+    folder of an imported problem (None: a package); ``budget_path`` its budget file (None:
+    it ships none). The code the spec names is imported on first use, once (listing
+    operators imports no oracle); what is called on each use (the mutant catalogue, the
+    fast path's options in force) is called anew each time, so it sees the variant and
+    options in force then."""
+    spec: OperatorSpec
+    variants: tuple[str, ...]
+    directory: str | None = None
+
+    @property
+    def definition(self) -> Definition:
+        # set once by the registry; not a dataclass field, so that dataclasses.asdict of a
+        # definition (which holds its record) does not loop back through it
+        return self.__dict__["_definition"]
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def budget_path(self) -> str | None:
+        """The budget file the operator ships (None: none). Asked anew each time: an
+        imported problem derives its budget from its workloads when its folder has none."""
+        return self.spec.budget_path()
+
+    @property
+    def package(self) -> str:
+        return self.spec.package
+
+    def in_force(self) -> Definition:
+        """Its definition (seed configuration) under the variant in force
+        (:func:`variant_scope`; outside any, the benchmark's semantics): what ``load(name)``
+        gives, and what its mutant catalogue is built on."""
+        variant = _VARIANT_SCOPE.get().get(self.name)
+        return self.definition if variant is None else self.definition.with_variant(variant)
+
+    def _resolved(self, reference: str | None) -> Any:
+        return None if reference is None else self.spec.resolve(reference)
+
+    @functools.cached_property
+    def module(self) -> Any:
+        """The operator's package, imported (an imported problem's holds its diagnosis hooks)."""
+        return importlib.import_module(self.spec.package)
+
+    @functools.cached_property
+    def input_hooks(self) -> Mapping[str, Callable]:
+        """{mode: hook} of the input modes the operator draws itself."""
+        return {mode: self.spec.resolve(ref) for mode, ref in (self.spec.inputs or {}).items()}
+
     def input_hook(self, mode: str) -> Callable | None:
-        hook = (self.inputs or {}).get(mode)
-        return None if hook is None else self.resolve(hook)
+        return self.input_hooks.get(mode)
 
-    def cost(self) -> Callable | None:
-        return None if self.cost_model is None else self.resolve(self.cost_model)
+    @functools.cached_property
+    def cost_model(self) -> Callable | None:
+        return self._resolved(self.spec.cost_model)
 
+    @functools.cached_property
     def property_hooks(self) -> Any | None:
-        return None if self.properties is None else self.resolve(self.properties)
+        """What the spec's ``properties`` names (None: the engine's defaults); the property
+        engine checks its type."""
+        return self._resolved(self.spec.properties)
 
-    def options_of_fast(self) -> dict:
-        return {} if self.fast_options is None else dict(self.resolve(self.fast_options)())
-
-    def parts_of_fast(self) -> Callable | None:
-        return None if self.fast_parts is None else self.resolve(self.fast_parts)
+    @functools.cached_property
+    def _catalogue(self) -> Callable | None:
+        return self._resolved(self.spec.mutants)
 
     def mutant_catalogue(self) -> list:
-        return [] if self.mutants is None else list(self.resolve(self.mutants)())
+        return [] if self._catalogue is None else list(self._catalogue())
+
+    @functools.cached_property
+    def _fast_options(self) -> Callable | None:
+        return self._resolved(self.spec.fast_options)
+
+    def fast_options(self) -> dict:
+        """The fast path's options in force now (empty: it reports none)."""
+        return {} if self._fast_options is None else dict(self._fast_options())
+
+    @functools.cached_property
+    def fast_parts(self) -> Callable | None:
+        return self._resolved(self.spec.fast_parts)
+
+    @functools.cached_property
+    def diagnosis_hints(self) -> Callable | None:
+        return self._resolved(self.spec.diagnosis)
+
+    def __repr__(self) -> str:
+        return f"OperatorRecord({self.name!r}, package={self.package!r})"
 
 
 def resolve(reference: str, package: str | None = None) -> Any:
@@ -219,8 +305,37 @@ def spec(name: str) -> OperatorSpec:
     return known[name]
 
 
-# ---------------------------------------------------------------------- definitions by name
-_CACHE: dict[str, Definition] = {}
+# ---------------------------------------------------------------------- records by name
+# {name: record}; a record is rebuilt when the registry holds another spec under its name
+_CACHE: dict[str, OperatorRecord] = {}
+_BUILDING = threading.Lock()        # the gate's threads load operators side by side: one record each
+
+
+def _build(spec_: OperatorSpec) -> OperatorRecord:
+    raw = json.loads(spec_.definition_text())
+    if raw.get("name") != spec_.name:
+        raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
+                         f"its spec {spec_.name!r}")
+    base = parse(raw, spec_.package)
+    rec = OperatorRecord(spec=spec_, variants=tuple(base.variant_names),
+                         directory=getattr(spec_, "directory", None) or None)
+    # the record holds its definition and the definition its record (both immutable)
+    object.__setattr__(rec, "_definition", replace(base, operator=rec))
+    return rec
+
+
+def record(name: str) -> OperatorRecord:
+    """The record of operator ``name``, built once; an unknown name is an
+    :class:`UnknownOperatorError`. This is the boundary's resolver: the layers below it
+    are given a definition (``defn.operator``) or a record, never a name."""
+    spec_ = spec(name)          # UnknownOperatorError names the known ones
+    found = _CACHE.get(name)
+    if found is None or found.spec is not spec_:
+        with _BUILDING:
+            found = _CACHE.get(name)
+            if found is None or found.spec is not spec_:
+                found = _CACHE[name] = _build(spec_)
+    return found
 
 
 # {operator name: variant} in force for ``load`` calls that name no variant (see variant_scope)
@@ -250,14 +365,7 @@ def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | Non
     if isinstance(name, Definition):
         d = name if config == "seed" and name.config == "seed" else name.with_config(config)
         return d if variant is None else d.with_variant(variant)
-    if name not in _CACHE:
-        spec_ = spec(name)          # UnknownOperatorError names the known ones
-        raw = json.loads(spec_.definition_text())
-        if raw.get("name") != name:
-            raise ValueError(f"{spec_.package}/{spec_.definition}: names operator {raw.get('name')!r}, "
-                             f"its spec {name!r}")
-        _CACHE[name] = parse(raw, spec_.package)
-    d = _CACHE[name]
+    d = record(name).definition
     d = d if config == "seed" else d.with_config(config)
     variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
     return d if variant is None else d.with_variant(variant)

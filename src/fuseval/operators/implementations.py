@@ -52,11 +52,18 @@ def _import_callable(path: str) -> Callable:
 
 @dataclass(frozen=True)
 class Operator:
+    """A view of one configured operator: its definition (data, configuration, variant)
+    and, through it, its record (``record``: hooks, cost model, mutants, budget file),
+    with its implementations resolved by name."""
     definition: Definition
 
     @property
     def name(self) -> str:
         return self.definition.name
+
+    @property
+    def record(self) -> "operators.OperatorRecord":
+        return self.definition.operator
 
     @property
     def implementation_names(self) -> list[str]:

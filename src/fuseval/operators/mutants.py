@@ -30,7 +30,8 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import operators
-from . import load
+from ..definitions import Definition
+from . import OperatorRecord, load
 from ..inputs import TORCH_DTYPES
 from .implementations import resolve_impl
 
@@ -153,20 +154,30 @@ def first_batch_item(*names: str, axis: int) -> Callable[[dict], None]:
 
 
 # --------------------------------------------------------------------------- the catalogues
-def catalogue(op: str) -> list[Mutant]:
-    """Every mutant of ``op`` (its spec's ``mutants``; empty when it has none). An unknown
-    operator is an ``UnknownOperatorError``."""
-    found = operators.spec(op).mutant_catalogue()
+def _record(op: str | Definition | OperatorRecord) -> OperatorRecord:
+    """The record of ``op``: a definition's own, a record, or (the registry's public
+    resolver, for callers at the boundary) the registered operator of that name."""
+    if isinstance(op, Definition):
+        return op.operator
+    return op if isinstance(op, OperatorRecord) else operators.record(op)
+
+
+def catalogue(op: str | Definition | OperatorRecord) -> list[Mutant]:
+    """Every mutant of ``op`` (its record's ``mutants``; empty when it has none). An unknown
+    operator name is an ``UnknownOperatorError``."""
+    record = _record(op)
+    found = record.mutant_catalogue()
     for m in found:
-        if not isinstance(m, Mutant) or m.op != op:
-            raise TypeError(f"operator {op!r}: its mutant catalogue holds {m!r}, expected Mutants of {op!r}")
+        if not isinstance(m, Mutant) or m.op != record.name:
+            raise TypeError(f"operator {record.name!r}: its mutant catalogue holds {m!r}, expected Mutants of "
+                            f"{record.name!r}")
     return found
 
 
-def get(op: str, name: str) -> Mutant:
+def get(op: str | Definition | OperatorRecord, name: str) -> Mutant:
     """The mutant ``name`` of ``op`` (a ValueError lists the known ones)."""
     found = catalogue(op)
     for m in found:
         if m.name == name:
             return m
-    raise ValueError(f"{op} has no mutant {name!r}; known: {[m.name for m in found]}")
+    raise ValueError(f"{_record(op).name} has no mutant {name!r}; known: {[m.name for m in found]}")

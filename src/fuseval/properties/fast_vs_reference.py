@@ -57,14 +57,14 @@ __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tig
 
 def has_tight_bound(op: str) -> bool:
     """Whether ``op``'s hooks give a ``tight_bound`` property."""
-    return hooks_of(op).tight_bound is not None
+    return hooks_of(load(op)).tight_bound is not None
 
 
 def tight_bound(op: str, precision: str | None = None) -> float:
     """``factor * unit_roundoff(precision)`` of ``op``'s hooks' :class:`TightBound`
     (``precision`` replaces the hooks' working precision; a ValueError names an unknown
     one, and an operator whose hooks give no bound)."""
-    bound = hooks_of(op).tight_bound
+    bound = hooks_of(load(op)).tight_bound
     if bound is None:
         raise ValueError(f"{op}: its property hooks give no tight bound (PropertyHooks.tight_bound is None)")
     return bound.factor * unit_roundoff(precision or bound.precision)
@@ -253,7 +253,7 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
     why a tolerance miss was excused (the precision baseline misses it too)."""
     dev = torch.device(device)
     defn = example.definition()
-    hooks = hooks_of(example.op)
+    hooks = hooks_of(defn)
     x = example.tensors(dev)
     mode = example.mode if example.mode != "adversarial" else "benchmark"
     # the tolerance: the definition's, or (an imported problem) its nearest workload's
@@ -330,7 +330,7 @@ def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list
     batch independence, then the operator's own (its hooks' ``invariants``)."""
     x = example.tensors(device)
     defn = example.definition()
-    hooks = hooks_of(example.op)
+    hooks = hooks_of(defn)
     problems = []
     checks: list[tuple[str, Callable[[], Any]]] = []
     tol = defn.nearest_case(example.binding.axes).tolerance if hooks.case_tolerance else defn.tolerance
@@ -488,7 +488,7 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
     # that reproduces a failure must be able to import it)
     label = next((name for name, path in base.implementations.items() if path == label), label)
     dev = resolve_device(device if device is not None else PROFILE_DEVICE[profile])
-    hooks = hooks_of(op)
+    hooks = hooks_of(base)
     bound = DrawBound(draw_budget(dev))
     space = PROFILE_SPACE[profile]
     s = property_settings(profile)

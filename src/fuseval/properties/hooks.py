@@ -32,12 +32,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
-from .. import operators
+
+from ..definitions import Definition
+from ..operators import OperatorRecord
 
 if TYPE_CHECKING:                     # annotations only: strategies imports this module
     from hypothesis.strategies import SearchStrategy
 
-    from ..definitions import Definition
     from .strategies import Example, Recipe
 
 __all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraExample", "VarSpace",
@@ -219,14 +220,14 @@ class PropertyHooks:
 _DEFAULT = PropertyHooks()
 
 
-def hooks_of(op: str) -> PropertyHooks:
-    """The property hooks of operator ``op`` (its spec's ``properties``; the defaults when
-    it names none). An unknown operator is an ``UnknownOperatorError``."""
-    spec = operators.spec(op)
-    found = spec.property_hooks()
+def hooks_of(op: Definition | OperatorRecord) -> PropertyHooks:
+    """The property hooks of the operator of ``op``, a definition or its record (its spec's
+    ``properties``; the defaults when it names none)."""
+    record = op.operator if isinstance(op, Definition) else op
+    found = record.property_hooks
     if found is None:
         return _DEFAULT
     if not isinstance(found, PropertyHooks):
-        raise TypeError(f"operator {op!r}: properties={spec.properties!r} names a "
+        raise TypeError(f"operator {record.name!r}: properties={record.spec.properties!r} names a "
                         f"{type(found).__name__}, expected a fuseval.properties.hooks.PropertyHooks")
     return found

@@ -150,7 +150,7 @@ def batch_independence(op: str, inputs: Sequence[Any], impl: Callable | None = N
     (with the amax of a globally scaled input pinned in every item, see _pin_global_amax).
     The batch axis: ``batch_axis``, by default the operator's hooks' ``batch_axis``."""
     defn = load(op)
-    batch_axis = batch_axis or hooks_of(op).batch_axis
+    batch_axis = batch_axis or hooks_of(defn).batch_axis
     impl, oracle = impl_or_oracle(op, impl)
     values = _pin_global_amax(defn, dict(named_inputs(defn, inputs)), batch_axis)
     inputs = ordered_inputs(defn, values)

@@ -24,7 +24,8 @@ class UnsatisfiableAxes(BadFileError):
 def _candidates(op: str, sp) -> tuple[list[Binding], int | None]:
     """The bindings a space surely offers (its explicit bindings, the exact bindings and the
     corners of the ranges of the hooks' ``var_space``) and its element limit."""
-    hooks, base = hooks_of(op), load(op)
+    base = load(op)
+    hooks = hooks_of(base)
     vs = hooks.var_space.get(sp.name)
     consts = _start_consts(base, sp)
     candidates = list(_explicit_bindings(op, base, hooks, sp))
@@ -50,7 +51,8 @@ def check_satisfiable(op: str, space: Space | str = "small") -> None:
     hooks' ``var_space``) satisfies the definition's constraints: every draw would then be
     rejected, and a property run could say nothing."""
     sp = _space(space)
-    base, vs = load(op), hooks_of(op).var_space.get(sp.name)
+    base = load(op)
+    vs = hooks_of(base).var_space.get(sp.name)
     candidates, limit = _candidates(op, sp)
     if any(_fits(b, limit) for b in candidates):
         return

@@ -55,7 +55,6 @@ from ..memory import DRAW_COPIES, draw_bytes
 from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of
 from .profiles import SPACES, Space
 from ..definitions import evaluate_expression
-from .. import operators
 
 __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_COPIES", "recipes", "inputs", "examples",
            "make_inputs", "make_recipe", "adversarial_inputs", "explicit_examples", "feature_generator",
@@ -66,7 +65,7 @@ INPUT_MODES = ("benchmark", "realistic", "adversarial")
 
 def input_modes(op: str, modes: Sequence[str] = INPUT_MODES) -> list[str]:
     """The modes of ``modes`` that ``op`` has (its hooks' ``input_modes``; all by default)."""
-    have = hooks_of(op).input_modes
+    have = hooks_of(load(op)).input_modes
     return [m for m in modes if have is None or m in have]
 
 
@@ -191,8 +190,8 @@ def axis_bindings(draw, op: str, space: Space | str = "small", max_bytes: int | 
     the definition's constraints or the space's relations, or exceed the space's element
     limit or ``max_bytes`` (:func:`draw_bytes`), are rejected."""
     sp = _space(space)
-    hooks = hooks_of(op)
     base = load(op)
+    hooks = hooks_of(base)
     consts = _start_consts(base, sp)
     if not sp.full:
         if hooks.gqa_axes is not None:
@@ -302,7 +301,8 @@ def _norm_weights(defn: Definition, hooks: PropertyHooks) -> list[str]:
 
 def recipe_features(op: str) -> list[str]:
     """The recipe fields that apply to ``op``: the generic ones its inputs allow, then its own."""
-    defn, hooks = load(op), hooks_of(op)
+    defn = load(op)
+    hooks = hooks_of(defn)
     applies = {"magnitude": _activation(defn, hooks) is not None,
                "zero_rows": _activation(defn, hooks) is not None,
                "eps": hooks.eps_input is not None,
@@ -316,7 +316,7 @@ def make_recipe(op: str | None, **values: Any) -> Recipe:
     """A :class:`Recipe` from field values: the generic fields, plus (with ``op``) that
     operator's own features, kept in its hooks' order and only where they differ from their
     defaults. An unknown field is a ValueError that names the known ones."""
-    own = hooks_of(op).recipe_features if op is not None else {}
+    own = hooks_of(load(op)).recipe_features if op is not None else {}
     unknown = set(values) - set(_GENERIC_FIELDS) - set(own)
     if unknown:
         known = sorted([*_GENERIC_FIELDS, *own])
@@ -330,7 +330,7 @@ def make_recipe(op: str | None, **values: Any) -> Recipe:
 def recipes(op: str) -> st.SearchStrategy[Recipe]:
     """Strategy: an adversarial :class:`Recipe` for ``op`` (plain fields first, so they
     shrink to "no change"); only the features that apply to ``op`` are drawn."""
-    own = hooks_of(op).recipe_features
+    own = hooks_of(load(op)).recipe_features
     strategies = {name: GENERIC_FEATURES[name] if name in GENERIC_FEATURES else own[name].values
                   for name in recipe_features(op)}
     return st.builds(functools.partial(make_recipe, op), **strategies)
@@ -370,7 +370,7 @@ class Example:
 
     def command(self, impl: str, device: str = "cpu") -> str:
         """One shell command that reruns exactly this example."""
-        parts = ["fuseval", "property", *_problem_args(self.op), "--op", self.op, "--impl", impl,
+        parts = ["fuseval", "property", *_problem_args(self.definition()), "--op", self.op, "--impl", impl,
                  "--config", self.binding.config_arg, "--axes",
                  json.dumps(self.binding.axes, separators=(",", ":")),
                  "--mode", self.mode, "--seed", str(self.seed)]
@@ -384,7 +384,7 @@ class Example:
         """The closest ``fuseval check`` command (same configuration, mode and seed, but on
         the configuration's benchmark cases rather than this example's var axes)."""
         mode = self.mode if self.mode in MODES else "benchmark"
-        parts = ["fuseval", "check", *_problem_args(self.op), "--op", self.op, "--impl", impl, "--config",
+        parts = ["fuseval", "check", *_problem_args(self.definition()), "--op", self.op, "--impl", impl, "--config",
                  self.binding.config_arg, "--seed", str(self.seed), "--mode", mode]
         if device != "cpu":
             parts += ["--device", device]
@@ -399,9 +399,9 @@ class Example:
         printer.text(repr(self))
 
 
-def _problem_args(op: str) -> list[str]:
-    """``--problem DIR`` where ``op`` is a problem folder's (a command registers it first)."""
-    directory = getattr(operators.spec(op), "directory", None)
+def _problem_args(defn: Definition) -> list[str]:
+    """``--problem DIR`` where ``defn`` is a problem folder's operator (a command registers it first)."""
+    directory = defn.operator.directory
     return ["--problem", directory] if directory else []
 
 
@@ -461,8 +461,9 @@ def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
     hidden size off the tile sizes), then its hooks' ``extra_examples``. They make the
     suite's verdict on a broken implementation independent of the random draws."""
     sp = _space(space)
-    hooks = hooks_of(op)
-    b1, b2 = _explicit_bindings(op, load(op), hooks, sp)
+    base = load(op)
+    hooks = hooks_of(base)
+    b1, b2 = _explicit_bindings(op, base, hooks, sp)
     applies = set(recipe_features(op))
     recipe = lambda **kw: make_recipe(op, **{k: v for k, v in kw.items() if k in applies})
     out = [Example(b1, "benchmark", 1), Example(b1, "realistic", 2), Example(b2, "benchmark", 3),
@@ -560,7 +561,7 @@ def adversarial_inputs(defn: Definition, var_axes: Mapping[str, int], *, seed: i
     """Benchmark inputs reshaped by ``recipe`` (see the module docstring). The benchmark
     draw is made on ``device`` (as ``generate_inputs`` draws: a full-size draw on the CPU
     takes seconds), the recipe's features on the CPU from their own generators."""
-    hooks = hooks_of(defn.name)
+    hooks = hooks_of(defn)
     _check_recipe(defn, recipe)
     drawn = generate_inputs(defn, var_axes, seed=seed, mode="benchmark", device=device)
     values = {n: (v.cpu() if isinstance(v, torch.Tensor) else v) for n, v in zip(defn.input_names, drawn)}
