@@ -61,3 +61,25 @@ def test_a_thread_left_running_is_named_a_finished_one_is_not():
     quick.start()
     assert integrity.new_threads(before, grace=2.0) == []
     quick.join()
+
+
+def test_fuseval_own_threads_are_not_the_implementations_but_their_name_buys_nothing():
+    # SOL L1/003 in the sweep's in-process check: the benchmark's reference starts its
+    # problem's confined worker on its first call, and the worker's output drain (a thread
+    # of fuseval's process) read as "lingering_thread" on the next calls
+    import os
+    from fuseval.runner.worker import _Output
+    before = integrity.threads()
+    read_end, write_end = os.pipe()
+    drain = _Output(read_end)
+    stop = threading.Event()
+    impostor = threading.Thread(target=stop.wait, name="fuseval-worker-output", daemon=True)
+    impostor.start()
+    try:
+        assert integrity.new_threads(before, grace=0.01) == ["fuseval-worker-output"]   # the impostor only
+    finally:
+        stop.set()
+        impostor.join()
+        os.close(write_end)
+        drain.thread.join(timeout=5)
+    assert integrity.new_threads(before, grace=0.01) == []

@@ -15,6 +15,7 @@ from __future__ import annotations
 import builtins
 import threading
 import time
+import weakref
 from typing import Any
 
 __all__ = ["snapshot", "changed", "threads", "new_threads", "WATCHED"]
@@ -95,12 +96,25 @@ def threads() -> set[int]:
     return {t.ident for t in threading.enumerate() if t.ident is not None}
 
 
+# threads fuseval itself starts in this process (the output drain of a worker that a call
+# spawned, e.g. a problem folder's confined worker started by its first call): not the
+# implementation's. Held by identity, so a thread that only borrows one's name is still seen.
+_OWN_THREADS: "weakref.WeakSet[threading.Thread]" = weakref.WeakSet()
+
+
+def own_thread(thread: threading.Thread) -> threading.Thread:
+    """Mark ``thread`` as fuseval's own (:func:`new_threads` leaves it out); returns it."""
+    _OWN_THREADS.add(thread)
+    return thread
+
+
 def new_threads(before: set[int], grace: float = 0.05) -> list[str]:
-    """Threads alive now that were not in ``before`` (after a short grace period for ones
-    that are finishing): their names."""
+    """Threads alive now that were not in ``before`` and are not fuseval's own (after a
+    short grace period for ones that are finishing): their names."""
     deadline = time.monotonic() + grace
     while True:
-        extra = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+        extra = [t for t in threading.enumerate() if t.ident not in before and t.is_alive()
+                 and t not in _OWN_THREADS]
         if not extra or time.monotonic() >= deadline:
             return [t.name for t in extra]
         time.sleep(0.005)

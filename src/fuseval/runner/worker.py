@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from .in_worker import child_main
 from .answers import MAX_TAPS, Opaque, output_spec, size_limit, tap_specs
-from . import confine, procs, transport
+from . import confine, integrity, procs, transport
 from ..operators.implementations import ImplementationError, impl_label
 
 __all__ = ["Worker", "CallResult", "MAX_REPLY_BYTES", "IDLE_CPU_SECONDS", "MAX_TAPS", "START_TIMEOUT"]
@@ -75,7 +75,8 @@ class _Output:
         self.data = bytearray()
         self.dropped = 0
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._drain, name="fuseval-worker-output", daemon=True)
+        self.thread = integrity.own_thread(threading.Thread(target=self._drain, name="fuseval-worker-output",
+                                                            daemon=True))
         self.thread.start()
 
     def _drain(self) -> None:
