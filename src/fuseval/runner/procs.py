@@ -133,22 +133,25 @@ def busy_between(before: tuple[float, float], after: tuple[float, float]) -> flo
     return max(after[0] - before[0], after[1] - before[1])
 
 
-def written_pages(pid: int, inodes: set[int]) -> dict[int, int] | None:
-    """For each inode of ``inodes`` mapped by ``pid``, the kB of its mappings that are
-    private copies (``Anonymous`` in /proc/PID/smaps): pages the process wrote. None when
-    the map cannot be read (the process is gone, or hid its map)."""
-    if not inodes:
+def written_pages(pid: int, files: set[tuple[int, int]]) -> dict[tuple[int, int], int] | None:
+    """For each file of ``files`` ((device, inode) pairs, as ``os.stat`` gives them) mapped
+    by ``pid``, the kB of its mappings that are private copies (``Anonymous`` in
+    /proc/PID/smaps): pages the process wrote. The device is compared too: the same inode
+    number names files of other filesystems (a shared library's relocated pages are
+    private copies). None when the map cannot be read (the process is gone, or hid its map)."""
+    if not files:
         return {}
-    written: dict[int, int] = {}
-    current: int | None = None
+    written: dict[tuple[int, int], int] = {}
+    current: tuple[int, int] | None = None
     try:
         with open(f"/proc/{pid}/smaps", "rb") as f:
             for raw in f:
                 line = raw.decode("utf-8", "replace")
                 head = line.split(None, 5)
                 if len(head) >= 5 and "-" in head[0] and head[4].isdigit() and not head[0].endswith(":"):
-                    inode = int(head[4])
-                    current = inode if inode in inodes else None
+                    major, _, minor = head[3].partition(":")
+                    key = (os.makedev(int(major, 16), int(minor, 16)), int(head[4]))
+                    current = key if key in files else None
                     if current is not None:
                         written.setdefault(current, 0)
                 elif current is not None and line.startswith("Anonymous:"):

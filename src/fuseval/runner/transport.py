@@ -69,7 +69,9 @@ class Shared:
     descriptors that go with it, and what fuseval verifies after the call."""
     payload: list[Any]
     fds: list[int] = field(default_factory=list)
-    inodes: dict[int, int] = field(default_factory=dict)        # inode -> input index (CPU)
+    # (device, inode) of each sealed input file -> input index (CPU); the device too: an
+    # inode number alone also names files of other filesystems the worker maps (its libraries)
+    inodes: dict[tuple[int, int], int] = field(default_factory=dict)
     copies: list[tuple[int, Any, Any]] = field(default_factory=list)   # (index, fuseval's, the worker's) (CUDA)
 
     def close(self) -> None:
@@ -78,11 +80,11 @@ class Shared:
 
 
 # sealed memfds of tensors fuseval still holds, reused while the tensor is unchanged
-_sealed: dict[tuple, tuple[int, int, weakref.ref]] = {}
+_sealed: dict[tuple, tuple[int, tuple[int, int], weakref.ref]] = {}
 
 
-def _sealed_fd(t) -> tuple[int, int]:
-    """(fd, inode) of a sealed memfd holding ``t``'s storage; the same file for the same,
+def _sealed_fd(t) -> tuple[int, tuple[int, int]]:
+    """(fd, (device, inode)) of a sealed memfd holding ``t``'s storage; the same file for the same,
     unchanged tensor (the weights of a case's later calls), closed when ``t`` is freed."""
     storage = t.untyped_storage()
     key = (id(t), storage.data_ptr(), storage.nbytes(), t._version)
@@ -101,7 +103,8 @@ def _sealed_fd(t) -> tuple[int, int]:
     except BaseException:
         os.close(fd)
         raise
-    inode = os.fstat(fd).st_ino
+    stat = os.fstat(fd)
+    inode = (stat.st_dev, stat.st_ino)
     _sealed[key] = (fd, inode, weakref.ref(t))
 
     def forget(key=key, fd=fd):
