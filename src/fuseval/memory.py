@@ -115,7 +115,3 @@ class DrawBound:
     @property
     def lowered(self) -> bool:
         return self.bytes != self.start
-
-    def __repr__(self) -> str:
-        return f"DrawBound({self.bytes})"
-

@@ -44,12 +44,12 @@ from ..operators import load
 from ..errors import OutOfMemory, is_out_of_memory
 from ..memory import DrawBound, draw_budget
 from ..precision import unit_roundoff
-from ..validate import bind_axes
+from ..validate import bind_axes, expected_outputs
 from . import invariants as inv
 from .hooks import hooks_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
 from .satisfiable import UnsatisfiableAxes, check_satisfiable, smallest_valid_bytes
-from .strategies import INPUT_MODES, Example, _valid, draw_bytes, examples, explicit_examples, input_modes
+from .strategies import INPUT_MODES, Example, _valid, examples, explicit_examples, input_modes
 
 __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tight_bound",
            "has_tight_bound"]
@@ -167,10 +167,7 @@ class _OutOfMemoryHere(BaseException):
 
 
 def _fits_memory(example: Example, max_bytes: int | None) -> bool:
-    if max_bytes is None:
-        return True
-    defn = example.definition()
-    return draw_bytes(defn, defn.resolve_axes(example.binding.axes)) <= max_bytes
+    return max_bytes is None or example.binding.planned_bytes() <= max_bytes
 
 
 # --------------------------------------------------------------------------- one example
@@ -269,10 +266,10 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
     if "bad_outputs" in result.violations and hooks.outside_domain and oracle.outputs is not None:
         # the problem's own reference answers this binding in other shapes than its
         # definition gives (inputs its code reads another size from): outside its domain
-        bound = bind_axes(defn, x, check_values=False)
-        wrong = [f"{spec.name} has shape {tuple(out.shape)}, its definition gives {defn.shape_of(spec, bound)}"
-                 for spec, out in zip(defn.outputs, _as_tuple(oracle.outputs))
-                 if isinstance(out, torch.Tensor) and tuple(out.shape) != defn.shape_of(spec, bound)]
+        expected = expected_outputs(defn, bind_axes(defn, x, check_values=False))
+        wrong = [f"{spec.name} has shape {tuple(out.shape)}, its definition gives {shape}"
+                 for spec, out, (shape, _) in zip(defn.outputs, _as_tuple(oracle.outputs), expected)
+                 if isinstance(out, torch.Tensor) and tuple(out.shape) != shape]
         if wrong:
             raise OutsideDomain(f"the reference's own outputs: {'; '.join(wrong)}")
     if not result.passed:
@@ -371,9 +368,6 @@ class _PropertyRun:
     counter: dict
     ooms: list = field(default_factory=list)   # (planned bytes, message) of each draw the oracle ran out of memory on
 
-    def _planned(self, ex: Example) -> int:
-        return draw_bytes(ex.definition(), ex.definition().resolve_axes(ex.binding.axes))
-
     def run(self, name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
             starters: list[Example], settings_: settings) -> None:
         op, label, dev, seed, bound, failures, counter = (self.op, self.label, self.dev, self.seed,
@@ -381,13 +375,13 @@ class _PropertyRun:
         state: dict[str, Any] = {}
 
         def prop(ex: Example) -> None:
-            if bound.lowered and self._planned(ex) > bound.bytes:
+            if bound.lowered and ex.binding.planned_bytes() > bound.bytes:
                 reject()          # larger than a draw the oracle already ran out of memory on
             try:
                 verdict, messages, metrics = check(ex)
             except OracleOutOfMemory as exc:
                 # fuseval's side of the draw did not fit: smaller draws only, from here on
-                planned = self._planned(ex)
+                planned = ex.binding.planned_bytes()
                 bound.lower_below(planned)
                 self.ooms.append((planned, str(exc)))
                 reject()
@@ -420,7 +414,7 @@ class _PropertyRun:
         except _OutOfMemoryHere as oom:
             ex, exc = oom.args
             raise OutOfMemory(f"{op}: property {name!r}: out of memory on the example {ex!r} (planned "
-                              f"{self._planned(ex) / 2**20:.0f} MiB; the bound per draw on {dev} was "
+                              f"{ex.binding.planned_bytes() / 2**20:.0f} MiB; the bound per draw on {dev} was "
                               f"{_mib(bound.bytes)}): "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         except Unsatisfiable as exc:

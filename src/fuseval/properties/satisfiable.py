@@ -11,7 +11,6 @@ from ..operators import load
 from ..errors import BadFileError
 from .hooks import hooks_of
 from .profiles import Space
-from ..memory import draw_bytes
 from .strategies import Binding, _explicit_bindings, _fits, _space, _start_consts
 
 __all__ = ["UnsatisfiableAxes", "check_satisfiable", "smallest_valid_bytes"]
@@ -41,7 +40,7 @@ def smallest_valid_bytes(op: str, space: Space | str = "small") -> int | None:
     """The bytes (:func:`~fuseval.memory.draw_bytes`) of the smallest candidate binding of
     the space that satisfies the constraints (None: none does)."""
     candidates, limit = _candidates(op, _space(space))
-    sizes = [draw_bytes(b.definition(), b.definition().resolve_axes(b.axes)) for b in candidates if _fits(b, limit)]
+    sizes = [b.planned_bytes() for b in candidates if _fits(b, limit)]
     return min(sizes) if sizes else None
 
 

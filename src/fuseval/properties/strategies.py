@@ -96,6 +96,11 @@ class Binding:
     def definition(self) -> Definition:
         return load(self.op, named_config(self.op, self.config) or self.config)
 
+    def planned_bytes(self) -> int:
+        """What one example of this binding plans for (:func:`~fuseval.memory.draw_bytes`)."""
+        defn = self.definition()
+        return draw_bytes(defn, defn.resolve_axes(self.axes))
+
     @property
     def config_arg(self) -> str:
         """A configuration name when the consts equal one, else a JSON mapping."""
