@@ -51,12 +51,12 @@ from .validate import bind_axes, check_outputs_shape, expected_outputs
 from . import diagnosis
 from .inputs import load_inputs, save_inputs
 from .requests import CheckRequest, as_request
-from .validation import check_cases_in, check_selection
+from .validation import check_cases_in
 from .runner import integrity, isolation
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",
            "fingerprint", "poison_allocator", "VIOLATIONS", "RULES", "Prediction", "Local", "run_check", "CheckRequest",
-           "input_groups", "validate_selection", "BlindOutput", "TIMING_KEYS", "oracle_note"]
+           "input_groups", "BlindOutput", "TIMING_KEYS", "oracle_note"]
 
 # the failing cases of a check whose known mistakes are ranked (each costs a run of every
 # mutant from its stage on); later failing cases get the anatomy alone, which runs nothing
@@ -514,12 +514,6 @@ def draw_seed() -> int:
     gate use unless told a seed): the inputs of a run cannot be known before it."""
     import secrets
     return secrets.randbelow(2 ** 31 - 1)
-
-
-def validate_selection(selection: Any, n: int) -> None:
-    """Reject a case selection that selects nothing, a case twice or a case the operator's
-    ``n`` cases do not have (a UsageError, also a ValueError, naming the selection)."""
-    check_cases_in(check_selection(selection), n)
 
 
 def validate_against(defn: Definition, impl: Any, against: Any, what: str = "against") -> None:
