@@ -203,7 +203,10 @@ class _Worker:
         failure, out = _guarded(lambda: (thunk(), torch.cuda.synchronize(dev) if dev.type == "cuda" else None)[0])
         return failure, out, taps
 
-    def call(self, req: dict) -> None:
+    def call(self, req: dict) -> dict | None:
+        """One call of the implementation: its description is replied at once, its outputs
+        copied when fuseval asks. Returns the request's last answer, which the loop sends
+        once this frame is gone (None: fuseval asked for no copy)."""
         import torch
         from . import integrity
         from ..hygiene import poison_allocator
@@ -229,8 +232,7 @@ class _Worker:
         integ = {"tampered": integrity.changed(self.baseline), "threads": integrity.new_threads(before)}
         if failure is not None:
             failure.update(integ, seconds=seconds)
-            self.reply(failure)
-            return
+            return failure
         spans = _tensor_spans(inputs)
         if out is None and req["which"] == "staged":
             outs, shape = [], "none"
@@ -249,18 +251,17 @@ class _Worker:
                     "outputs": described, "taps": tap_desc, "n_taps": len(taps), "note": _note_text(), **integ})
         fill = self.conn.recv()
         if fill[0] != "fill":
-            return
+            return None
         _, out_payload, tap_payload, nfds = fill
         bufs = self._open(out_payload, tap_payload, nfds)
         changed = self._copy(bufs[:len(out_payload)], outs, dev) + \
             self._copy(bufs[len(out_payload):], [v for _, v in tap_items], dev)
         if changed:
-            self.reply({"status": "bad", "error": "an output or tap changed its shape or dtype after the call "
-                        "returned: " + ", ".join(changed[:4])})
-            return
+            return {"status": "bad", "error": "an output or tap changed its shape or dtype after the call "
+                    "returned: " + ", ".join(changed[:4])}
         if req.get("keep"):
             self.kept.append(outs)
-        self.reply({"status": "filled"})
+        return {"status": "filled"}
 
     def _open(self, out_payload, tap_payload, nfds):
         from .transport import open_buffers, recv_fds
@@ -312,9 +313,10 @@ class _Worker:
         described = [_describe(o, req["device"], _tensor_spans(sets[0])) for o in _output_list(kept[0] if kept else ())]
         self.reply({"status": "timed", **numbers, "outputs": described, **integ})
 
-    def timed_outputs(self, indices, payload, nfds) -> None:
+    def timed_outputs(self, indices, payload, nfds) -> dict:
         """Copy the outputs of the timed calls at ``indices`` (in the order of the loop's
-        kept calls) into fuseval's buffers, then forget every kept output."""
+        kept calls) into fuseval's buffers, then forget every kept output. Returns the
+        answer (sent by the loop)."""
         import torch
         bufs = self._open(payload, [], nfds)
         kept, self.timed = self.timed or [], None
@@ -324,16 +326,14 @@ class _Worker:
         dev = torch.device("cuda") if any(getattr(b, "is_cuda", False) for b in bufs if b is not None) \
             else torch.device("cpu")
         changed = self._copy(bufs, picked, dev) if len(picked) == len(bufs) else ["count"]
-        del kept
         if changed:
-            self.reply({"status": "bad", "error": "the timed calls' outputs do not match the first one's "
-                        "description (" + ", ".join(changed[:4]) + ")"})
-            return
-        self.reply({"status": "filled"})
+            return {"status": "bad", "error": "the timed calls' outputs do not match the first one's "
+                    "description (" + ", ".join(changed[:4]) + ")"}
+        return {"status": "filled"}
 
-    def recopy(self, payload, nfds) -> None:
+    def recopy(self, payload, nfds) -> dict:
         """Copy the outputs of every kept call of the case again (what each answer holds
-        now), in order, then forget them."""
+        now), in order, then forget them. Returns the answer (sent by the loop)."""
         import torch
         bufs = self._open(payload, [], nfds)
         flat = [o for outs in self.kept for o in outs]
@@ -343,7 +343,7 @@ class _Worker:
         if any(getattr(o, "is_cuda", False) for o in flat):
             torch.cuda.synchronize()
         self.kept = []
-        self.reply({"status": "filled"})
+        return {"status": "filled"}
 
 
 def _take_stdio(conn) -> None:
@@ -401,14 +401,15 @@ def child_main(conn, threads: int, plan) -> None:
             return
         if kind == "load":
             worker.load(*msg[1:])
-        elif kind == "call":
-            worker.call(msg[1])
-        elif kind == "recopy":
-            worker.recopy(*msg[1:])
+        elif kind in ("call", "recopy", "timed_outputs"):
+            # the request's last answer is sent once its handler has returned: what the call
+            # left (outputs, mapped buffers) is released before fuseval starts watching this
+            # process's CPU time as idle (Worker.idle_violation)
+            answer = getattr(worker, kind)(*msg[1:])
+            if answer is not None:
+                worker.reply(answer)
         elif kind == "time":
             worker.time(msg[1])
-        elif kind == "timed_outputs":
-            worker.timed_outputs(*msg[1:])
         elif kind == "forget":
             worker.kept = []
         elif kind == "ping":
