@@ -108,6 +108,13 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         _register_problems(args)
+        device = getattr(args, "device", None)
+        if isinstance(device, str) and device.startswith("cuda"):
+            # the share of the GPU a parent (the sweep) gave this process; torch is imported
+            # only by the commands that name a device
+            from .memory import apply_cuda_share
+            from .validation import check_device
+            apply_cuda_share(check_device(device, "--device"))
         with _variant_scope(args):
             code = int(handlers[args.command](args) or 0)
         sys.stdout.flush()

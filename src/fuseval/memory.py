@@ -4,7 +4,9 @@ The property engine bounds the size of each draw by it (:func:`draw_budget`), so
 property run over a problem whose workloads reach gigabytes draws only sizes that fit.
 
 * CUDA: the free memory torch's driver query reports (``torch.cuda.mem_get_info``), plus
-  what torch's caching allocator holds but does not use;
+  what torch's caching allocator holds but does not use; where this process was given a
+  share of the GPU (:func:`apply_cuda_share`, e.g. by ``fuseval sweep`` running several
+  problems on one GPU), no more than that share leaves room for;
 * CPU: the smallest of the system's available memory (``MemAvailable``), the room left
   under this process's address-space limit (``RLIMIT_AS``, e.g. ``prlimit --as``) and the
   room left in its cgroup (``memory.max``); None where none can be read.
@@ -12,11 +14,15 @@ property run over a problem whose workloads reach gigabytes draws only sizes tha
 from __future__ import annotations
 
 import math
+import os
 from typing import Callable, Mapping
 
 import torch
 
-__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DrawBound", "DRAW_SHARE", "DRAW_COPIES"]
+from .errors import UsageError
+
+__all__ = ["available_bytes", "draw_budget", "draw_bytes", "DrawBound", "DRAW_SHARE", "DRAW_COPIES",
+           "CUDA_SHARE_ENV", "cuda_share", "apply_cuda_share"]
 
 # the share of the available memory one draw may plan for (the oracle's float64 copies and
 # intermediates, the implementation and the comparison come on top of what it counts)
@@ -63,6 +69,41 @@ def _cgroup_left() -> int | None:
         return None
 
 
+# the share of each GPU's memory this process may use, set for it by its parent (the sweep);
+# torch's caching allocator enforces it (``set_per_process_memory_fraction``): an allocation
+# beyond it is an out-of-memory error in this process, whatever the other processes hold
+CUDA_SHARE_ENV = "FUSEVAL_CUDA_MEMORY_SHARE"
+_applied_share: dict[int, float] = {}
+
+
+def cuda_share() -> float | None:
+    """The share of GPU memory :data:`CUDA_SHARE_ENV` gives this process; None: unset."""
+    text = os.environ.get(CUDA_SHARE_ENV, "").strip()
+    if not text:
+        return None
+    try:
+        share = float(text)
+    except ValueError:
+        share = math.nan
+    if not 0 < share <= 1:
+        raise UsageError(f"{CUDA_SHARE_ENV}: expected a share of GPU memory in (0, 1], got {text!r}")
+    return share
+
+
+def apply_cuda_share(device: str | torch.device) -> float | None:
+    """Cap torch's allocator on ``device`` at :func:`cuda_share` (no-op where unset or not
+    CUDA); the share applied, or None."""
+    device = torch.device(device)
+    share = cuda_share()
+    if share is None or device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if _applied_share.get(index) != share:
+        torch.cuda.set_per_process_memory_fraction(share, index)
+        _applied_share[index] = share
+    return share
+
+
 _CPU_SOURCES: tuple[Callable[[], int | None], ...] = (_meminfo_available, _address_space_left, _cgroup_left)
 
 
@@ -70,9 +111,13 @@ def available_bytes(device: str | torch.device) -> int | None:
     """Bytes ``device`` can still allocate (module docstring); None where unknown."""
     device = torch.device(device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return int(free + max(0, cached))
+        free, total = torch.cuda.mem_get_info(device)
+        allocated = torch.cuda.memory_allocated(device)
+        room = free + max(0, torch.cuda.memory_reserved(device) - allocated)
+        share = apply_cuda_share(device)
+        if share is not None:
+            room = min(room, max(0, int(share * total) - allocated))
+        return int(room)
     found = [v for v in (source() for source in _CPU_SOURCES) if v is not None]
     return min(found) if found else None
 

@@ -86,3 +86,30 @@ def test_many_problems_on_one_gpu_are_warned_about(tmp_path, capsys, monkeypatch
             pass
         err = capsys.readouterr().err
         assert ("warning: --jobs" in err) == warned, err
+
+
+def test_jobs_sharing_a_gpu_each_get_an_equal_share_of_its_memory(monkeypatch):
+    from fuseval.commands.sweep import gpu_share
+    from fuseval.memory import CUDA_SHARE_ENV
+    monkeypatch.delenv(CUDA_SHARE_ENV, raising=False)
+    assert gpu_share(2, 1) == 0.5
+    assert gpu_share(3, 1) == 1 / 3
+    assert gpu_share(4, 2) == 0.5       # two per GPU
+    assert gpu_share(3, 2) == 0.5       # at most two per GPU
+    assert gpu_share(2, 2) is None      # a GPU each: all of it
+    assert gpu_share(1, 1) is None
+    assert gpu_share(4, 0) is None      # no GPU
+    monkeypatch.setenv(CUDA_SHARE_ENV, "0.2")
+    assert gpu_share(2, 1) == 0.2       # the caller's share is kept
+
+
+def test_the_sweep_says_the_share_it_gives_each_problem(tmp_path, capsys, monkeypatch):
+    import torch
+    from fuseval.memory import CUDA_SHARE_ENV
+    monkeypatch.delenv(CUDA_SHARE_ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    _problem(tmp_path / "problems", "good", "    return x * 2")
+    code = cli.main(["sweep", str(tmp_path / "problems"), "--out", str(tmp_path / "out"), "--device", "cuda",
+                     "--jobs", "2", "--skip", "check,gate"])
+    assert code == 0
+    assert "2 jobs on 1 GPU(s): each problem gets 50% of its GPU's memory" in capsys.readouterr().err

@@ -19,7 +19,10 @@ its own process anyway: it runs in fuseval's process (``--in-process``) unless
 ``--isolate`` asks for the confined worker (a worker per call costs seconds each).
 
 Problems run ``--jobs`` at a time; on CUDA each job gets a GPU of its own
-(``CUDA_VISIBLE_DEVICES``), round robin. The table (problem, import, reference verdict,
+(``CUDA_VISIBLE_DEVICES``), round robin, and where several jobs share one GPU each gets an
+equal share of its memory (``FUSEVAL_CUDA_MEMORY_SHARE``, enforced by torch's allocator in
+fuseval's process and taken as the property draws' bound): a problem then runs out of
+memory in its own share, never in its neighbour's. The table (problem, import, reference verdict,
 the reference's tolerance use, gate, seconds) is written as Markdown, JSON and CSV under
 ``--out``, with each step's output beside it; progress goes to stderr, one line per
 finished problem. The exit code is 0 when no step ended in exit 70 (a bug in fuseval),
@@ -271,6 +274,18 @@ def summary(rows: list[Row]) -> dict[str, Any]:
             "exit 70": sum(c == 70 for c in codes)}
 
 
+def gpu_share(jobs: int, gpus: int) -> float | None:
+    """The share of a GPU's memory each job gets where ``jobs`` problems run at a time on
+    ``gpus`` GPUs (None: a GPU per job, or no GPU); a share given in the environment
+    (:data:`CUDA_SHARE_ENV`) is kept, validated."""
+    from ..memory import cuda_share   # torch: imported by the commands that run, not by the parser
+    given = cuda_share()
+    if given is not None:
+        return given
+    per_gpu = -(-jobs // gpus) if gpus else 1
+    return None if per_gpu <= 1 else 1.0 / per_gpu
+
+
 # problems side by side on one GPU beyond which the sweep's own rows turn into out of memory
 # and out of time (the whole-dataset sweep: 15 on one H100 caused most of those rows)
 JOBS_PER_GPU = 4
@@ -295,17 +310,25 @@ def run(args) -> int:
         import torch
         gpus = args.gpus or torch.cuda.device_count()
         if gpus and args.jobs > JOBS_PER_GPU * gpus:
-            print(f"fuseval sweep: warning: --jobs {args.jobs} on {gpus} GPU(s): every problem takes the device's "
-                  f"free memory as its bound, so problems side by side run each other out of memory and time "
+            print(f"fuseval sweep: warning: --jobs {args.jobs} on {gpus} GPU(s): each problem gets a small share of "
+                  f"its GPU's memory and time, so problems that fit alone run out of both "
                   f"(at most {JOBS_PER_GPU * gpus} advised, with --timeout 300 or more)", file=sys.stderr)
     lock = threading.Lock()
     done = [0]
     rows: list[Row | None] = [None] * len(folders)
 
+    from ..memory import CUDA_SHARE_ENV
+    share = gpu_share(args.jobs, gpus)
+    if share is not None:
+        print(f"fuseval sweep: {args.jobs} jobs on {gpus} GPU(s): each problem gets {share:.0%} of its GPU's memory",
+              file=sys.stderr)
+
     def one(index: int) -> None:
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
+            if share is not None:
+                env[CUDA_SHARE_ENV] = f"{share:.6g}"
         row = sweep_problem(folders[index], args, args.out, env)
         with lock:
             rows[index] = row
