@@ -113,3 +113,64 @@ def test_the_sweep_says_the_share_it_gives_each_problem(tmp_path, capsys, monkey
                      "--jobs", "2", "--skip", "check,gate"])
     assert code == 0
     assert "2 jobs on 1 GPU(s): each problem gets 50% of its GPU's memory" in capsys.readouterr().err
+
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            found.add(c)
+            todo.append(c)
+    return found
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path):
+    """``timeout`` (SIGTERM) stopping a sweep ends the steps it started, which run in
+    sessions of their own and would otherwise go on holding the machine (and its GPU)
+    after it; the rows finished so far are kept and the cut one says it was interrupted."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root = tmp_path / "problems"
+    _problem(root, "a_good", "    return x * 2")
+    _problem(root, "b_stuck", "    return x if time.sleep(300) is None else x")
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    sweep = subprocess.Popen([sys.executable, "-m", "fuseval.cli", "sweep", str(root), "--out", str(out),
+                              "--skip", "gate", "--timeout", "250"], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (out / "b_stuck" / "check.txt").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(8)   # the stuck check is past its start, in the reference's sleep
+    steps = _descendants(sweep.pid)
+    assert steps, "the sweep runs no step"
+    sweep.send_signal(signal.SIGTERM)
+    _, err = sweep.communicate(timeout=30)
+    assert sweep.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM after 2 of 2 problems" in err
+    time.sleep(0.5)
+    left = [pid for pid in steps if _running(pid)]
+    assert not left, f"the stopped sweep left its steps' processes {left} running"
+    with open(out / "sweep.json") as f:
+        rows = {os.path.basename(r["folder"]): r for r in json.load(f)["rows"]}
+    assert rows["a_good"]["reference"] == "pass"
+    assert rows["b_stuck"]["reference"] == "interrupted" and "interrupted" in rows["b_stuck"]["note"]

@@ -30,9 +30,11 @@ else 70: a sweep is a survey, its findings are in the table.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -41,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..runner.procs import descendants, end_session
 from . import parse_device, writable_folder
 
 STEPS = ("import", "check", "gate")
@@ -116,8 +119,36 @@ def _limit(memory_gb: float | None):
     return apply
 
 
+# each step runs in a session of its own (its workers with it), so a step is killed whole;
+# the sweep kills the ones still running when it is stopped (SIGTERM, SIGINT), else they
+# would go on holding the machine's memory and GPU after it
+_live: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """Kill a step whole: its session, and the sessions of its descendants that left it
+    (fuseval's confined workers make sessions of their own), found before any dies."""
+    tree = descendants(proc.pid)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for session in {p.session for p in tree} - {proc.pid}:
+        end_session(session, wait=2.0)
+
+
+def _stop_all() -> None:
+    """No step starts from now on; every running step's session is killed."""
+    with _live_lock:
+        _stopping.set()
+        running = list(_live)
+    for proc in running:
+        _kill(proc)
+
+
 def _run(cmd: list[str], log: str, deadline: float, memory_gb: float | None, env: dict) -> tuple[int | None, float]:
-    """Run ``cmd`` with its output to ``log``; (exit code or None on timeout, seconds)."""
+    """Run ``cmd`` with its output to ``log``; (exit code or None on timeout or a stopped
+    sweep, seconds)."""
     left = deadline - time.monotonic()
     t0 = time.monotonic()
     if left <= 0:
@@ -125,15 +156,23 @@ def _run(cmd: list[str], log: str, deadline: float, memory_gb: float | None, env
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_limit(memory_gb),
-                                start_new_session=True)
+        with _live_lock:
+            if _stopping.is_set():
+                return None, 0.0
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=_limit(memory_gb),
+                                    start_new_session=True)
+            _live.add(proc)
         try:
             code = proc.wait(timeout=left)
         except subprocess.TimeoutExpired:
-            import signal
-            os.killpg(proc.pid, signal.SIGKILL)
+            _kill(proc)
             proc.wait()
             code = None
+        finally:
+            with _live_lock:
+                _live.discard(proc)
+        if code is not None and code < 0 and _stopping.is_set():
+            code = None    # killed by the sweep's stop: no exit code of its own
     return code, time.monotonic() - t0
 
 
@@ -202,6 +241,11 @@ def sweep_problem(folder: str, args, out: str, env: dict) -> Row:
         row.gate = verdict(row.gate_exit, finding=False)
     else:
         row.gate = "not run"
+    if _stopping.is_set():
+        # a step cut short, or never started, by the sweep's stop: no verdict of the problem
+        row.reference = row.reference if row.check_exit is not None else "interrupted"
+        row.gate = row.gate if row.gate_exit is not None else "interrupted"
+        row.note = "interrupted: the sweep was stopped"
     for step, code in (("import", row.import_exit), ("check", row.check_exit), ("gate", row.gate_exit)):
         if code not in (0, None) and not row.note:
             row.note = f"{step}: {_last_line(os.path.join(here, step + '.txt'))}"
@@ -339,11 +383,45 @@ def run(args) -> int:
                   file=sys.stderr, flush=True)
             write_table([r for r in rows if r is not None], args.out)
 
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        list(pool.map(one, range(len(folders))))
+    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    stopped = None
+    with _stop_signals() as signalled:
+        try:
+            list(pool.map(one, range(len(folders))))
+        except KeyboardInterrupt:
+            # stop the running steps first: the threads waiting on them then finish their rows
+            _stop_all()
+            stopped = signalled[0] if signalled else signal.SIGINT
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
     final = [r for r in rows if r is not None]
     paths = write_table(final, args.out)
     for k, v in summary(final).items():
         print(f"{k}: {v}")
     print(f"table: {paths['md']} (also {paths['json']}, {paths['csv']})")
+    if stopped is not None:
+        print(f"fuseval sweep: stopped by {signal.Signals(stopped).name} after {len(final)} of {len(folders)} "
+              "problems; the steps still running were killed", file=sys.stderr)
+        return 128 + int(stopped)
     return EXIT_INTERNAL if summary(final)["exit 70"] else 0
+
+
+@contextlib.contextmanager
+def _stop_signals():
+    """SIGTERM is handled as SIGINT (KeyboardInterrupt in the main thread) while the sweep
+    runs, so ``timeout`` or a job scheduler stopping it ends its steps too; yields the
+    list the signal received is appended to."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+
+    def interrupt(signum, frame):
+        received.append(signum)
+        raise KeyboardInterrupt
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield received
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        _stopping.clear()

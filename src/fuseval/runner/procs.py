@@ -5,6 +5,8 @@ The verdict rests on these, not on anything the worker says about itself:
 * :func:`session_processes` / :func:`end_session`: the processes of the worker's session
   (the worker made its own session; its seccomp filter keeps its children in it), and
   ending every one but the worker;
+* :func:`descendants`: a process's children, theirs and so on (a worker among them in a
+  session of its own), to end a whole tree that did not stay in one session;
 * :func:`cpu_seconds`: the CPU time of the worker's whole thread group, to see work still
   running after a call returned;
 * :func:`written_pages`: the private (copied-on-write) pages in the worker's mappings of
@@ -20,7 +22,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-__all__ = ["Proc", "session_processes", "end_session", "cpu_seconds", "written_pages", "CLOCK_TICKS"]
+__all__ = ["Proc", "session_processes", "end_session", "descendants", "cpu_seconds", "written_pages", "CLOCK_TICKS"]
 
 try:
     CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -54,8 +56,8 @@ def _stat(pid: int | str) -> list[str] | None:
     return [raw[left + 1:right]] + raw[right + 2:].split()
 
 
-def session_processes(session: int) -> list[Proc]:
-    """The live (not zombie) processes whose session id is ``session``."""
+def _live_processes() -> list[Proc]:
+    """Every live (not zombie) process /proc shows."""
     found = []
     try:
         entries = os.listdir("/proc")
@@ -69,8 +71,29 @@ def session_processes(session: int) -> list[Proc]:
         if fields is None or len(fields) < 5:
             continue
         state, ppid, sid = fields[1], int(fields[2]), int(fields[4])
-        if sid == session and state not in ("Z", "X"):
+        if state not in ("Z", "X"):
             found.append(Proc(int(entry), ppid, sid, state, fields[0]))
+    return found
+
+
+def session_processes(session: int) -> list[Proc]:
+    """The live (not zombie) processes whose session id is ``session``."""
+    return [p for p in _live_processes() if p.session == session]
+
+
+def descendants(pid: int) -> list[Proc]:
+    """The live processes below ``pid`` in the process tree (children first). Taken while
+    their parents live: a process whose parent has died is reparented and no longer shows
+    here."""
+    children: dict[int, list[Proc]] = {}
+    for p in _live_processes():
+        children.setdefault(p.ppid, []).append(p)
+    found: list[Proc] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(0), []):
+            found.append(child)
+            todo.append(child.pid)
     return found
 
 
