@@ -91,3 +91,18 @@ def test_a_worker_that_cannot_map_its_inputs_answers_out_of_memory():
     assert next_request(Conn(EOFError()), replies.append) is None and len(replies) == 2
     with pytest.raises(ValueError):                   # anything else still ends the worker loudly
         next_request(Conn(ValueError("bad pickle")), replies.append)
+
+
+def test_a_problem_whose_inputs_are_all_scalars_runs_its_code_on_a_gpu_where_there_is_one(monkeypatch):
+    """Such a reference makes its tensors on the device it names ('cuda' in the
+    benchmark); a CPU worker, whose confinement leaves out the GPU's files, fails CUDA's
+    start (error 304: L1/016 and L1/028 on an H100). Inputs on a GPU put the worker there,
+    tensors all on the CPU keep it on the CPU, as does a machine without a GPU."""
+    import torch
+    from fuseval.interop.problem_code import worker_device
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert worker_device([10000.0]) == "cuda"
+    assert worker_device([2, 128, 0]) == "cuda"
+    assert worker_device([torch.zeros(2), 3]) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert worker_device([10000.0]) == "cpu"

@@ -47,7 +47,7 @@ from . import lift
 from .lift import LiftReport, LiftResult
 
 __all__ = ["ProblemCodeError", "ProblemCodeViolation", "reference_module", "run_reference", "custom_inputs",
-           "serve", "TIMEOUT"]
+           "worker_device", "serve", "TIMEOUT"]
 
 # seconds one request to a problem's confined worker may take (its reference at the
 # largest workload, lifted, on a CPU)
@@ -308,6 +308,19 @@ def serve(request, *tensors):
         return ()
 
 
+def worker_device(inputs: Sequence[Any]) -> str:
+    """Where a problem's worker runs its code on ``inputs``: on a GPU when any input is on
+    one (a problem may keep small inputs on the CPU), and when no input is a tensor at all
+    on a machine with a GPU (such a reference makes its tensors on the device it names,
+    'cuda' in the benchmark, whose own runs are on a GPU); else on the CPU."""
+    import torch
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    found = next((str(t.device) for t in tensors if t.device.type == "cuda"), None)
+    if found is not None:
+        return found
+    return "cuda" if not tensors and torch.cuda.is_available() else "cpu"
+
+
 def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: str | None = None):
     """Send ``request`` with ``inputs`` to the problem's worker; (result, mode summary)."""
     import time
@@ -315,9 +328,7 @@ def _confined(problem: Problem, request: dict, inputs: Sequence[Any], device: st
     import torch
 
     if device is None:
-        # a GPU worker when any input is on a GPU (a problem may keep small inputs on the CPU)
-        device = next((str(t.device) for t in inputs if isinstance(t, torch.Tensor) and t.device.type == "cuda"),
-                      "cpu")
+        device = worker_device(inputs)
     kind = "cuda" if str(device).startswith("cuda") else "cpu"
     tensors, kinds = _pack(inputs)
     request = {**request, "directory": problem.directory, "kinds": kinds, "worker": kind}
