@@ -20,7 +20,7 @@ import subprocess
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SRC = ROOT / "src"
 RESULTS = "benchmarks/results"
 MAX_FIGURE_LINES = 5

@@ -12,7 +12,7 @@ import pytest
 
 from fuseval import operators
 
-SRC = pathlib.Path(__file__).resolve().parents[1] / "src" / "fuseval"
+SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "fuseval"
 HARNESS = [p for p in sorted(SRC.rglob("*.py")) if "operators" not in p.relative_to(SRC).parts]
 
 
@@ -107,7 +107,7 @@ def layer_of(module: str) -> int:
             if hit and length > best:
                 best, where = length, index
     if where is None:
-        raise AssertionError(f"{module} is in no layer of tests/test_architecture.py's LAYERS: place it")
+        raise AssertionError(f"{module} is in no layer of tests/repository/test_architecture.py's LAYERS: place it")
     return where
 
 
