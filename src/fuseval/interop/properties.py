@@ -174,13 +174,13 @@ def _batch_invariant(axis: str) -> Callable:
             return None
         tol = defn.nearest_case(example.binding.axes).tolerance
         try:
-            inv.batch_independence(defn.name, inputs, impl=None, tolerance=tol, batch_axis=axis)
+            inv.batch_independence(defn, inputs, impl=None, tolerance=tol, batch_axis=axis)
         except inv.InvariantViolation:
             return None          # the oracle itself is not independent along this axis
         except ProblemCodeError:
             return None          # the problem's code refuses one item alone (M % 128 == 0): no such check
         return (f"items along {axis} independent",
-                lambda: inv.batch_independence(defn.name, inputs, impl=impl, tolerance=tol, batch_axis=axis))
+                lambda: inv.batch_independence(defn, inputs, impl=impl, tolerance=tol, batch_axis=axis))
     check.__name__ = f"independent_along_{axis}"
     return check
 

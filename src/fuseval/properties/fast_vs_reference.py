@@ -333,7 +333,7 @@ def _metamorphic(example: Example, impl: Callable, device: torch.device) -> list
     tol = defn.nearest_case(example.binding.axes).tolerance if hooks.case_tolerance else defn.tolerance
     if example.binding.axes.get(hooks.batch_axis, 1) > 1:
         checks.append(("batch items independent",
-                       lambda: inv.batch_independence(example.op, x, impl=impl, tolerance=tol)))
+                       lambda: inv.batch_independence(defn, x, impl=impl, tolerance=tol)))
     for invariant in hooks.invariants:
         # building a check runs the oracle at most (the implementation runs in ``fn`` below)
         check = _oracle_side(invariant, example, x, impl, defn)

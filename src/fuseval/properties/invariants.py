@@ -77,11 +77,17 @@ def ordered_inputs(defn: Definition, values: Mapping[str, Any]) -> list[Any]:
     return [values[n] for n in defn.input_names]
 
 
-def oracle_for(op: str) -> Callable:
-    return resolve_impl(load(op), "reference")
+def definition_of(op: str | Definition) -> Definition:
+    """``op`` itself where it is a Definition (what the layers below pass), else the
+    operator the name resolves to (a caller of the Python API's)."""
+    return op if isinstance(op, Definition) else load(op)
 
 
-def impl_or_oracle(op: str, impl: Callable | None) -> tuple[Callable, bool]:
+def oracle_for(op: str | Definition) -> Callable:
+    return resolve_impl(definition_of(op), "reference")
+
+
+def impl_or_oracle(op: str | Definition, impl: Callable | None) -> tuple[Callable, bool]:
     """(the implementation to run, whether it is the float64 oracle): ``impl``, or the
     oracle when None (then the properties are checked to float64 round-off)."""
     return (oracle_for(op), True) if impl is None else (impl, False)
@@ -157,14 +163,14 @@ def items_alone(batch: int) -> list[int]:
     return sorted({0, batch // 2, batch - 1}) if batch > ALONE_ITEMS else list(range(batch))
 
 
-def batch_independence(op: str, inputs: Sequence[Any], impl: Callable | None = None,
+def batch_independence(op: str | Definition, inputs: Sequence[Any], impl: Callable | None = None,
                        tolerance: Tolerance | None = None, batch_axis: str | None = None) -> dict:
     """Batch items are independent: running item b alone gives the rows b of the batched run,
     for the items :func:`items_alone` picks (with the amax of a globally scaled input pinned in every item, see _pin_global_amax).
     The batch axis: ``batch_axis``, by default the operator's hooks' ``batch_axis``."""
-    defn = load(op)
+    defn = definition_of(op)
     batch_axis = batch_axis or hooks_of(defn).batch_axis
-    impl, oracle = impl_or_oracle(op, impl)
+    impl, oracle = impl_or_oracle(defn, impl)
     values = _pin_global_amax(defn, dict(named_inputs(defn, inputs)), batch_axis)
     inputs = ordered_inputs(defn, values)
     full = call(impl, inputs)

@@ -304,9 +304,10 @@ def _norm_weights(defn: Definition, hooks: PropertyHooks) -> list[str]:
     return [spec.name for spec in defn.inputs if spec.name.endswith("norm_weight")]
 
 
-def recipe_features(op: str) -> list[str]:
-    """The recipe fields that apply to ``op``: the generic ones its inputs allow, then its own."""
-    defn = load(op)
+def recipe_features(op: str | Definition) -> list[str]:
+    """The recipe fields that apply to ``op`` (a name, or the Definition itself): the
+    generic ones its inputs allow, then its own."""
+    defn = op if isinstance(op, Definition) else load(op)
     hooks = hooks_of(defn)
     applies = {"magnitude": _activation(defn, hooks) is not None,
                "zero_rows": _activation(defn, hooks) is not None,
@@ -552,7 +553,7 @@ def _noncontiguous(t: Any) -> Any:
 
 def _check_recipe(defn: Definition, recipe: Recipe) -> None:
     """A recipe asks only for features ``defn``'s operator has."""
-    applies = set(recipe_features(defn.name))
+    applies = set(recipe_features(defn))
     asked = [f.name for f in fields(Recipe) if f.name != "features" and getattr(recipe, f.name) != f.default]
     asked += [name for name, _ in recipe.features]
     bad = [name for name in asked if name not in applies]
