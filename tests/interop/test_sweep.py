@@ -10,6 +10,8 @@ import csv
 import json
 import os
 
+import pytest
+
 from fuseval import cli
 from problem_folders import tensor, workload, write_problem
 
@@ -115,6 +117,9 @@ def test_the_sweep_says_the_share_it_gives_each_problem(tmp_path, capsys, monkey
     assert "2 jobs on 1 GPU(s): each problem gets 50% of its GPU's memory" in capsys.readouterr().err
 
 
+_SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine, 234)
+
+
 def _descendants(pid: int) -> set[int]:
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -141,10 +146,14 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path):
+@pytest.mark.parametrize("delivery", ["to_a_thread", "twice"])
+def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path, delivery):
     """``timeout`` (SIGTERM) stopping a sweep ends the steps it started, which run in
     sessions of their own and would otherwise go on holding the machine (and its GPU)
-    after it; the rows finished so far are kept and the cut one says it was interrupted."""
+    after it; the rows finished so far are kept and the cut one says it was interrupted.
+    The signal may reach any of the sweep's threads (the kernel picks; ``to_a_thread``
+    makes it one that runs a problem), or come again while the sweep stops (``twice``)."""
+    import ctypes
     import signal
     import subprocess
     import sys
@@ -163,7 +172,17 @@ def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path):
     time.sleep(8)   # the stuck check is past its start, in the reference's sleep
     steps = _descendants(sweep.pid)
     assert steps, "the sweep runs no step"
-    sweep.send_signal(signal.SIGTERM)
+    if delivery == "to_a_thread":
+        threads = [int(t) for t in os.listdir(f"/proc/{sweep.pid}/task") if int(t) != sweep.pid]
+        assert threads, "the sweep runs its problems on threads of their own"
+        libc = ctypes.CDLL(None, use_errno=True)
+        for tid in threads:
+            assert libc.syscall(_SYS_TGKILL, sweep.pid, tid, signal.SIGTERM) == 0, ctypes.get_errno()
+            break
+    else:
+        sweep.send_signal(signal.SIGTERM)
+        time.sleep(0.01)
+        sweep.send_signal(signal.SIGTERM)
     _, err = sweep.communicate(timeout=30)
     assert sweep.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM after 2 of 2 problems" in err

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -387,30 +387,38 @@ def run(args) -> int:
     stopped = None
     with _stop_signals() as signalled:
         try:
-            list(pool.map(one, range(len(folders))))
+            pending = {pool.submit(one, i) for i in range(len(folders))}
+            while pending:
+                # a signal may reach any thread, and the main thread runs its handler only
+                # between waits: wait in short slices, never on a whole problem
+                done_now, pending = wait(pending, timeout=0.2)
+                for future in done_now:
+                    future.result()
         except KeyboardInterrupt:
             # stop the running steps first: the threads waiting on them then finish their rows
             _stop_all()
-            stopped = signalled[0] if signalled else signal.SIGINT
+            stopped = signalled[0] if signalled else signal.SIGINT   # a KeyboardInterrupt of its own
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
-    final = [r for r in rows if r is not None]
-    paths = write_table(final, args.out)
-    for k, v in summary(final).items():
-        print(f"{k}: {v}")
-    print(f"table: {paths['md']} (also {paths['json']}, {paths['csv']})")
-    if stopped is not None:
-        print(f"fuseval sweep: stopped by {signal.Signals(stopped).name} after {len(final)} of {len(folders)} "
-              "problems; the steps still running were killed", file=sys.stderr)
-        return 128 + int(stopped)
-    return EXIT_INTERNAL if summary(final)["exit 70"] else 0
+        # still under the handlers: a signal repeated while the table is written is noted
+        final = [r for r in rows if r is not None]
+        paths = write_table(final, args.out)
+        for k, v in summary(final).items():
+            print(f"{k}: {v}")
+        print(f"table: {paths['md']} (also {paths['json']}, {paths['csv']})")
+        if stopped is not None:
+            print(f"fuseval sweep: stopped by {signal.Signals(stopped).name} after {len(final)} of {len(folders)} "
+                  "problems; the steps still running were killed", file=sys.stderr)
+            return 128 + int(stopped)
+        return EXIT_INTERNAL if summary(final)["exit 70"] else 0
 
 
 @contextlib.contextmanager
 def _stop_signals():
-    """SIGTERM is handled as SIGINT (KeyboardInterrupt in the main thread) while the sweep
-    runs, so ``timeout`` or a job scheduler stopping it ends its steps too; yields the
-    list the signal received is appended to."""
+    """While the sweep runs, SIGTERM and SIGINT raise KeyboardInterrupt in the main thread
+    once, so ``timeout``, a job scheduler or Ctrl-C stopping it ends its steps too; a
+    signal repeated while it stops them is noted, not raised into the cleanup. Yields the
+    list the signals received are appended to."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
@@ -418,10 +426,12 @@ def _stop_signals():
 
     def interrupt(signum, frame):
         received.append(signum)
-        raise KeyboardInterrupt
-    previous = signal.signal(signal.SIGTERM, interrupt)
+        if len(received) == 1:
+            raise KeyboardInterrupt
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield received
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
         _stopping.clear()
