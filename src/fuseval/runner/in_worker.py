@@ -390,6 +390,9 @@ def child_main(conn, threads: int, plan) -> None:
     import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
     from . import clock  # noqa: F401 - binds the timer's functions before any implementation loads
     torch.set_num_threads(max(1, int(threads)))
+    if plan.gpu:
+        from ..memory import apply_cuda_share
+        apply_cuda_share("cuda")   # the share of the GPU its parent was given (a sweep's job), if any
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})
     while True:
