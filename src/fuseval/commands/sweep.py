@@ -236,7 +236,7 @@ def sweep_problem(folder: str, args, out: str, env: dict) -> Row:
     if "gate" not in skip:
         row.gate_exit, row.seconds["gate"] = _run([*fuseval, "gate", *common, "--profile", args.profile, "--seeds", "1",
                                                    "--budget-cases", row.workloads,
-                                                   "--quiet", "--out", os.path.join(here, "gate")],
+                                                   "--out", os.path.join(here, "gate")],
                                                   os.path.join(here, "gate.txt"), deadline, args.memory_gb, env)
         row.gate = verdict(row.gate_exit, finding=False)
     else:
@@ -247,20 +247,25 @@ def sweep_problem(folder: str, args, out: str, env: dict) -> Row:
         row.gate = row.gate if row.gate_exit is not None else "interrupted"
         row.note = "interrupted: the sweep was stopped"
     for step, code in (("import", row.import_exit), ("check", row.check_exit), ("gate", row.gate_exit)):
+        log = os.path.join(here, step + ".txt")
         if code not in (0, None) and not row.note:
-            row.note = f"{step}: {_last_line(os.path.join(here, step + '.txt'))}"
+            row.note = f"{step}: {_last_line(log)}"
+        elif code is None and step in row.seconds and row.seconds[step] > 0 and not row.note:
+            # out of time: where it was, by the last progress line it printed
+            row.note = f"{step}: out of time; its last line: {_last_line(log, said=False)}"
     return row
 
 
-def _last_line(log: str) -> str:
-    """The last line a failed step printed that says why (fuseval prints one such line)."""
+def _last_line(log: str, said: bool = True) -> str:
+    """The last line a failed step printed that says why (fuseval prints one such line);
+    ``said`` False: the last line it printed (a step cut short: where it was)."""
     try:
         with open(log, errors="replace") as f:
-            lines = [ln.strip() for ln in f if ln.strip()]
+            lines = [ln.strip() for ln in f if ln.strip() and not ln.startswith("$ ")]
     except OSError:
         return ""
-    said = [ln for ln in lines if "error" in ln.lower() or "GATE FAILED" in ln or "FAIL" in ln]
-    return (said or lines or [""])[-1][:200]
+    why = [ln for ln in lines if "error" in ln.lower() or "GATE FAILED" in ln or "FAIL" in ln] if said else []
+    return (why or lines or [""])[-1][:200]
 
 
 def verdict(code: int | None, finding: bool) -> str:
