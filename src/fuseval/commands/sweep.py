@@ -252,7 +252,8 @@ def sweep_problem(folder: str, args, out: str, env: dict) -> Row:
             row.note = f"{step}: {_last_line(log)}"
         elif code is None and step in row.seconds and row.seconds[step] > 0 and not row.note:
             # out of time: where it was, by the last progress line it printed
-            row.note = f"{step}: out of time; its last line: {_last_line(log, said=False)}"
+            last = _last_line(log, said=False)
+            row.note = f"{step}: out of time; " + (f"its last line: {last}" if last else "it printed nothing")
     return row
 
 
@@ -373,7 +374,7 @@ def run(args) -> int:
               file=sys.stderr)
 
     def one(index: int) -> None:
-        env = dict(os.environ)
+        env = dict(os.environ, PYTHONUNBUFFERED="1")    # a step cut short keeps what it printed
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
             if share is not None:
