@@ -42,3 +42,38 @@ def test_a_mapping_only_read_counts_nothing(tmp_path):
         m.close()
     finally:
         os.close(fd)
+
+
+def test_a_worker_ends_when_fuseval_is_killed_in_the_middle_of_a_call(tmp_path):
+    """A worker has a session of its own, so killing fuseval's process (SIGKILL, a sweep's
+    time budget, the out-of-memory killer) reaches it only through the worker's watch on
+    its parent: without it, a worker busy in a call lives on, holding memory and the GPU."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    (tmp_path / "sleeper.py").write_text("import time\n\ndef run(*inputs):\n    time.sleep(120)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    check = subprocess.Popen([sys.executable, "-m", "fuseval.cli", "check", "--op", "nvfp4_qkv_rope",
+                              "--config", "tiny", "--impl", "sleeper:run", "--cases", "0", "--timeout", "200"],
+                             cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    workers: list = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and check.poll() is None:
+        workers = [p for p in procs.descendants(check.pid) if p.session == p.pid]   # a worker's own session
+        if workers:
+            break
+        time.sleep(0.2)
+    assert workers, "the check started no worker"
+    time.sleep(5)      # the worker is in the sleeper's call
+    assert all(procs._stat(w.pid) is not None for w in workers)
+    check.send_signal(signal.SIGKILL)
+    check.wait()
+    deadline = time.monotonic() + 5
+    alive = [w.pid for w in workers]
+    while alive and time.monotonic() < deadline:
+        alive = [pid for pid in alive if (s := procs._stat(pid)) is not None and s[1] not in ("Z", "X")]
+        time.sleep(0.1)
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, f"workers {alive} outlived fuseval's process"

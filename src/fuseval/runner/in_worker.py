@@ -379,13 +379,38 @@ def next_request(conn, reply: Callable[[dict], None]) -> tuple | None:
         return None
 
 
+# how often a worker looks whether fuseval's process is still its parent
+PARENT_POLL_S = 0.5
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this worker once ``parent`` (fuseval's process) is gone, even in the middle of a
+    call: a worker has a session of its own, so nothing else ends it when its parent is
+    killed (a sweep's time budget, SIGKILL, the out-of-memory killer), and it would go on
+    holding memory and the GPU. Its parent gone, the kernel reparents it (``getppid``
+    changes). A thread of fuseval's, started before the implementation is imported, so no
+    call sees it as the implementation's."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_POLL_S)
+        os._exit(EXIT_PARENT_GONE)
+    threading.Thread(target=watch, name="fuseval-parent-watch", daemon=True).start()
+
+
+EXIT_PARENT_GONE = 75
+
+
 def child_main(conn, threads: int, plan) -> None:
     """The worker's loop (the target of the spawned process)."""
     global IN_WORKER
     IN_WORKER = True
+    parent = os.getppid()
     _take_stdio(conn)
     from . import confine
     applied = confine.enter(plan)
+    _end_with_parent(parent)
     import torch
     import torch.multiprocessing  # noqa: F401 - registers the CUDA IPC reductions
     from . import clock  # noqa: F401 - binds the timer's functions before any implementation loads
