@@ -20,9 +20,11 @@ its own process anyway: it runs in fuseval's process (``--in-process``) unless
 
 Problems run ``--jobs`` at a time; on CUDA each job gets a GPU of its own
 (``CUDA_VISIBLE_DEVICES``), round robin, and where several jobs share one GPU each gets an
-equal share of its memory (``FUSEVAL_CUDA_MEMORY_SHARE``, enforced by torch's allocator in
-fuseval's process and taken as the property draws' bound): a problem then runs out of
-memory in its own share, never in its neighbour's. The table (problem, import, reference verdict,
+equal share of its memory (``FUSEVAL_CUDA_MEMORY_SHARE``, to which torch's allocator holds
+each of the problem's processes, fuseval's and its GPU workers, and which the property draws
+take as their bound): a problem then runs out of memory in its own share rather than in its
+neighbour's. Stopping the sweep (SIGTERM, SIGINT) kills the steps still running, writes the
+table so far and exits 128 + the signal. The table (problem, import, reference verdict,
 the reference's tolerance use, gate, seconds) is written as Markdown, JSON and CSV under
 ``--out``, with each step's output beside it; progress goes to stderr, one line per
 finished problem. The exit code is 0 when no step ended in exit 70 (a bug in fuseval),
