@@ -118,3 +118,15 @@ def test_the_results_rule_fails_on_too_many_files_or_no_index():
 def test_benchmark_results_keep_the_index_and_the_latest_runs_only():
     problems = results_problems(_tracked(RESULTS))
     assert not problems, "\n".join(problems)
+
+
+def test_test_files_have_names_of_their_own():
+    """tests/ has no __init__.py files, so pytest imports each test file by its base name
+    alone: two files of one name in two areas make the second fail to collect."""
+    seen: dict[str, pathlib.Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen.setdefault(path.name, path)
+    assert not clashes, "test files of the same name: " + "; ".join(clashes)
