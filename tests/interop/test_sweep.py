@@ -194,3 +194,28 @@ def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path, d
         rows = {os.path.basename(r["folder"]): r for r in json.load(f)["rows"]}
     assert rows["a_good"]["reference"] == "pass"
     assert rows["b_stuck"]["reference"] == "interrupted" and "interrupted" in rows["b_stuck"]["note"]
+
+
+def test_a_problem_out_of_memory_in_its_share_of_a_gpu_is_run_again_alone(tmp_path, capsys, monkeypatch):
+    """Problems side by side on one GPU each get a share of its memory; one that runs out
+    of memory in its share may fit the whole GPU, so the sweep runs it again alone, without
+    the share, and says so in its row. (Here on the CPU: the problem's reference runs out
+    of memory whenever it is given a share.)"""
+    from fuseval.commands import sweep
+    from fuseval.memory import CUDA_SHARE_ENV
+    monkeypatch.delenv(CUDA_SHARE_ENV, raising=False)
+    monkeypatch.setattr(sweep, "gpu_share", lambda jobs, gpus: 0.5)
+    root = tmp_path / "problems"
+    _problem(root, "good", "    return x * 2")
+    _problem(root, "tight", f"    if __import__('os').environ.get({CUDA_SHARE_ENV!r}):\n"
+                            "                    raise torch.OutOfMemoryError('no room in the share')\n"
+                            "                return x * 2")
+    out = tmp_path / "out"
+    assert cli.main(["sweep", str(root), "--out", str(out), "--skip", "gate", "--jobs", "2", "--timeout", "60"]) == 0
+    err = capsys.readouterr().err
+    assert "1 problem(s) ran out of memory in a 50% share: again, one per GPU" in err
+    with open(out / "sweep.json") as f:
+        rows = {os.path.basename(r["folder"]): r for r in json.load(f)["rows"]}
+    assert rows["tight"]["reference"] == "pass", rows["tight"]
+    assert rows["tight"]["note"].startswith("rerun alone, after running out of memory in a 50% share")
+    assert rows["good"]["reference"] == "pass" and not rows["good"]["note"]

@@ -23,8 +23,9 @@ Problems run ``--jobs`` at a time; on CUDA each job gets a GPU of its own
 equal share of its memory (``FUSEVAL_CUDA_MEMORY_SHARE``, to which torch's allocator holds
 each of the problem's processes, fuseval's and its GPU workers, and which the property draws
 take as their bound): a problem then runs out of memory in its own share rather than in its
-neighbour's. Stopping the sweep (SIGTERM, SIGINT) kills the steps still running, writes the
-table so far and exits 128 + the signal. The table (problem, import, reference verdict,
+neighbour's; the problems that ran out of memory in their share are then run again, one per
+GPU, each with all of it (their rows say so). Stopping the sweep (SIGTERM, SIGINT) kills the
+steps still running, writes the table so far and exits 128 + the signal. The table (problem, import, reference verdict,
 the reference's tolerance use, gate, seconds) is written as Markdown, JSON and CSV under
 ``--out``, with each step's output beside it; progress goes to stderr, one line per
 finished problem. The exit code is 0 when no step ended in exit 70 (a bug in fuseval),
@@ -366,7 +367,6 @@ def run(args) -> int:
                   f"its GPU's memory and time, so problems that fit alone run out of both "
                   f"(at most {JOBS_PER_GPU * gpus} advised, with --timeout 300 or more)", file=sys.stderr)
     lock = threading.Lock()
-    done = [0]
     rows: list[Row | None] = [None] * len(folders)
 
     from ..memory import CUDA_SHARE_ENV
@@ -375,27 +375,31 @@ def run(args) -> int:
         print(f"fuseval sweep: {args.jobs} jobs on {gpus} GPU(s): each problem gets {share:.0%} of its GPU's memory",
               file=sys.stderr)
 
-    def one(index: int) -> None:
+    def one(index: int, alone: bool, counter: list[int], total: int) -> None:
         env = dict(os.environ, PYTHONUNBUFFERED="1")    # a step cut short keeps what it printed
+        env.pop(CUDA_SHARE_ENV, None)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = str(index % gpus)
-            if share is not None:
-                env[CUDA_SHARE_ENV] = f"{share:.6g}"
+        if share is not None and not alone:
+            env[CUDA_SHARE_ENV] = f"{share:.6g}"
         row = sweep_problem(folders[index], args, args.out, env)
+        if alone:
+            row.note = (f"rerun alone, after running out of memory in a {share:.0%} share of the GPU"
+                        + (f"; {row.note}" if row.note else ""))
         with lock:
             rows[index] = row
-            done[0] += 1
+            counter[0] += 1
             spent = sum(row.seconds.values())
-            print(f"[{done[0]}/{len(folders)}] {os.path.basename(folders[index])} {row.subset} {row.name}: import "
-                  f"{_fmt(row.import_exit) or '-'}, reference {row.reference}, gate {row.gate} ({spent:.0f}s)",
-                  file=sys.stderr, flush=True)
+            print(f"[{'alone ' if alone else ''}{counter[0]}/{total}] {os.path.basename(folders[index])} {row.subset} "
+                  f"{row.name}: import {_fmt(row.import_exit) or '-'}, reference {row.reference}, gate {row.gate} "
+                  f"({spent:.0f}s)", file=sys.stderr, flush=True)
             write_table([r for r in rows if r is not None], args.out)
 
-    pool = ThreadPoolExecutor(max_workers=args.jobs)
-    stopped = None
-    with _stop_signals() as signalled:
+    def drive(indices: list[int], jobs: int, alone: bool) -> None:
+        pool = ThreadPoolExecutor(max_workers=jobs)
+        counter = [0]
         try:
-            pending = {pool.submit(one, i) for i in range(len(folders))}
+            pending = {pool.submit(one, i, alone, counter, len(indices)) for i in indices}
             while pending:
                 # a signal may reach any thread, and the main thread runs its handler only
                 # between waits: wait in short slices, never on a whole problem
@@ -405,9 +409,24 @@ def run(args) -> int:
         except KeyboardInterrupt:
             # stop the running steps first: the threads waiting on them then finish their rows
             _stop_all()
-            stopped = signalled[0] if signalled else signal.SIGINT   # a KeyboardInterrupt of its own
+            raise
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+
+    stopped = None
+    with _stop_signals() as signalled:
+        try:
+            drive(list(range(len(folders))), args.jobs, alone=False)
+            # a problem out of memory in its share of a GPU may fit the whole GPU: run those
+            # again one per GPU, each with all of its GPU
+            again = [i for i, r in enumerate(rows) if r is not None and share is not None
+                     and "out of memory" in (r.reference, r.gate)]
+            if again:
+                print(f"fuseval sweep: {len(again)} problem(s) ran out of memory in a {share:.0%} share: "
+                      f"again, one per GPU", file=sys.stderr)
+                drive(again, max(1, gpus), alone=True)
+        except KeyboardInterrupt:
+            stopped = signalled[0] if signalled else signal.SIGINT   # a KeyboardInterrupt of its own
         # still under the handlers: a signal repeated while the table is written is noted
         final = [r for r in rows if r is not None]
         paths = write_table(final, args.out)
