@@ -108,13 +108,11 @@ def main(argv=None) -> int:
         return EXIT_USAGE
     try:
         _register_problems(args)
-        device = getattr(args, "device", None)
-        if isinstance(device, str) and device.startswith("cuda"):
+        if str(getattr(args, "device", None) or "").startswith("cuda"):
             # the share of the GPU a parent (the sweep) gave this process; torch is imported
-            # only by the commands that name a device
+            # only by the commands that run on a GPU (the command validates the device)
             from .memory import apply_cuda_share
-            from .validation import check_device
-            apply_cuda_share(check_device(device, "--device"))
+            apply_cuda_share()
         with _variant_scope(args):
             code = int(handlers[args.command](args) or 0)
         sys.stdout.flush()

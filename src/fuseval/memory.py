@@ -73,7 +73,7 @@ def _cgroup_left() -> int | None:
 # torch's caching allocator enforces it (``set_per_process_memory_fraction``): an allocation
 # beyond it is an out-of-memory error in this process, whatever the other processes hold
 CUDA_SHARE_ENV = "FUSEVAL_CUDA_MEMORY_SHARE"
-_applied_share: dict[int, float] = {}
+_applied_share: float | None = None
 
 
 def cuda_share() -> float | None:
@@ -90,17 +90,17 @@ def cuda_share() -> float | None:
     return share
 
 
-def apply_cuda_share(device: str | torch.device) -> float | None:
-    """Cap torch's allocator on ``device`` at :func:`cuda_share` (no-op where unset or not
-    CUDA); the share applied, or None."""
-    device = torch.device(device)
+def apply_cuda_share() -> float | None:
+    """Cap torch's allocator on every GPU this process sees at :func:`cuda_share` (no-op
+    where unset or without a GPU); the share applied, or None."""
+    global _applied_share
     share = cuda_share()
-    if share is None or device.type != "cuda" or not torch.cuda.is_available():
+    if share is None or not torch.cuda.is_available():
         return None
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if _applied_share.get(index) != share:
-        torch.cuda.set_per_process_memory_fraction(share, index)
-        _applied_share[index] = share
+    if _applied_share != share:
+        for index in range(torch.cuda.device_count()):
+            torch.cuda.set_per_process_memory_fraction(share, index)
+        _applied_share = share
     return share
 
 
@@ -114,7 +114,7 @@ def available_bytes(device: str | torch.device) -> int | None:
         free, total = torch.cuda.mem_get_info(device)
         allocated = torch.cuda.memory_allocated(device)
         room = free + max(0, torch.cuda.memory_reserved(device) - allocated)
-        share = apply_cuda_share(device)
+        share = apply_cuda_share()
         if share is not None:
             room = min(room, max(0, int(share * total) - allocated))
         return int(room)

@@ -21,17 +21,17 @@ GIB = 2 ** 30
 
 @pytest.fixture
 def fake_gpu(monkeypatch):
-    """A CUDA device of 80 GiB with ``state['free']`` free and ``state['allocated']`` of
-    torch's ``state['reserved']`` in use by this process; records the fractions applied."""
+    """Two CUDA devices of 80 GiB, each with ``state['free']`` free and ``state['allocated']``
+    of torch's ``state['reserved']`` in use by this process; records the fractions applied."""
     state = {"free": 70 * GIB, "total": 80 * GIB, "reserved": 6 * GIB, "allocated": 4 * GIB, "fractions": []}
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (state["free"], state["total"]))
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: state["reserved"])
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: state["allocated"])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction",
                         lambda fraction, device=None: state["fractions"].append((fraction, device)))
-    monkeypatch.setattr(memory, "_applied_share", {})
+    monkeypatch.setattr(memory, "_applied_share", None)
     monkeypatch.delenv(memory.CUDA_SHARE_ENV, raising=False)
     return state
 
@@ -45,10 +45,10 @@ def test_a_share_caps_what_the_gpu_offers_and_is_applied_to_torchs_allocator(fak
     monkeypatch.setenv(memory.CUDA_SHARE_ENV, "0.25")
     # a quarter of 80 GiB is 20 GiB, of which this process already uses 4
     assert memory.available_bytes("cuda") == 16 * GIB
-    assert fake_gpu["fractions"] == [(0.25, 0)]
+    assert fake_gpu["fractions"] == [(0.25, 0), (0.25, 1)], "applied to every GPU the process sees"
     assert memory.draw_budget("cuda") == int(16 * GIB * memory.DRAW_SHARE)
-    memory.available_bytes("cuda:0")
-    assert fake_gpu["fractions"] == [(0.25, 0)], "applied once per device"
+    memory.available_bytes("cuda:1")
+    assert fake_gpu["fractions"] == [(0.25, 0), (0.25, 1)], "applied once"
 
 
 def test_a_share_never_offers_more_than_the_gpu_has_free(fake_gpu, monkeypatch):
@@ -61,7 +61,8 @@ def test_a_share_never_offers_more_than_the_gpu_has_free(fake_gpu, monkeypatch):
 
 def test_a_share_leaves_the_cpu_alone(fake_gpu, monkeypatch):
     monkeypatch.setenv(memory.CUDA_SHARE_ENV, "0.5")
-    assert memory.apply_cuda_share("cpu") is None
+    monkeypatch.setattr(memory, "_CPU_SOURCES", (lambda: 3 * GIB,))
+    assert memory.available_bytes("cpu") == 3 * GIB
     assert fake_gpu["fractions"] == []
 
 

@@ -37,7 +37,7 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
-from ..memory import apply_cuda_share, cuda_share
+from ..memory import apply_cuda_share
 from .context import GateContext
 from .results import ComponentResult
 from ..errors import EXIT_INTERNAL
@@ -114,8 +114,7 @@ def _init(relay, threads: int, path: list[str], cwd: str, gpus: list[str] | None
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
     import torch
     torch.set_num_threads(threads)
-    if cuda_share() is not None:
-        apply_cuda_share("cuda")   # the parent's share of the GPU, where it was given one
+    apply_cuda_share()   # the parent's share of the GPU, where it was given one
 
 
 def _progress(message: str) -> None:

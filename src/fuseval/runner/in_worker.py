@@ -379,8 +379,10 @@ def next_request(conn, reply: Callable[[dict], None]) -> tuple | None:
         return None
 
 
-# how often a worker looks whether fuseval's process is still its parent
+# how often a worker looks whether fuseval's process is still its parent, and its exit
+# code when it is gone
 PARENT_POLL_S = 0.5
+EXIT_PARENT_GONE = 75
 
 
 def _end_with_parent(parent: int) -> None:
@@ -399,9 +401,6 @@ def _end_with_parent(parent: int) -> None:
     threading.Thread(target=watch, name="fuseval-parent-watch", daemon=True).start()
 
 
-EXIT_PARENT_GONE = 75
-
-
 def child_main(conn, threads: int, plan) -> None:
     """The worker's loop (the target of the spawned process)."""
     global IN_WORKER
@@ -417,7 +416,7 @@ def child_main(conn, threads: int, plan) -> None:
     torch.set_num_threads(max(1, int(threads)))
     if plan.gpu:
         from ..memory import apply_cuda_share
-        apply_cuda_share("cuda")   # the share of the GPU its parent was given (a sweep's job), if any
+        apply_cuda_share()   # the share of the GPU its parent was given (a sweep's job), if any
     worker = _Worker(conn)
     worker.reply({"status": "ready", "confinement": applied.to_dict(), "pid": os.getpid()})
     while True:
