@@ -266,10 +266,10 @@ NAME_BOUNDARIES = {
     # carry it into the reproduction commands they print)
     "fuseval.properties.fast_vs_reference": {"check_implementation", "has_tight_bound", "tight_bound"},
     "fuseval.properties.strategies": {"Binding.definition", "input_modes", "named_config", "axis_bindings",
-                                      "recipe_features", "make_recipe", "recipes", "explicit_examples"},
+                                      "make_recipe", "recipes", "explicit_examples"},
     "fuseval.properties.satisfiable": {"check_satisfiable", "_candidates"},
-    # (their Definition passes through; a name resolves once, in definition_of)
-    "fuseval.properties.invariants": {"definition_of"},
+    # (a Definition passes through; a name resolves once, in definition_of)
+    "fuseval.properties.hooks": {"definition_of"},
 }
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from ..definitions import Definition
-from ..operators import OperatorRecord
+from ..operators import OperatorRecord, load
 
 if TYPE_CHECKING:                     # annotations only: strategies imports this module
     from hypothesis.strategies import SearchStrategy
@@ -42,7 +42,7 @@ if TYPE_CHECKING:                     # annotations only: strategies imports thi
     from .strategies import Example, Recipe
 
 __all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraExample", "VarSpace",
-           "MetamorphicCheck", "AdversarialHook", "hooks_of"]
+           "MetamorphicCheck", "AdversarialHook", "hooks_of", "definition_of"]
 
 
 # the generic fields of an adversarial recipe (fuseval.properties.strategies.Recipe, which
@@ -218,6 +218,12 @@ class PropertyHooks:
 
 
 _DEFAULT = PropertyHooks()
+
+
+def definition_of(op: str | Definition) -> Definition:
+    """``op`` itself where it is a Definition (what the layers below pass), else the
+    operator the name resolves to (a caller of the Python API's)."""
+    return op if isinstance(op, Definition) else load(op)
 
 
 def hooks_of(op: Definition | OperatorRecord) -> PropertyHooks:

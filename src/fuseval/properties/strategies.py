@@ -52,7 +52,7 @@ from ..definitions import Definition
 from ..operators import load
 from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
 from ..memory import DRAW_COPIES, draw_bytes
-from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of
+from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, definition_of, hooks_of
 from .profiles import SPACES, Space
 from ..definitions import evaluate_expression
 
@@ -307,7 +307,7 @@ def _norm_weights(defn: Definition, hooks: PropertyHooks) -> list[str]:
 def recipe_features(op: str | Definition) -> list[str]:
     """The recipe fields that apply to ``op`` (a name, or the Definition itself): the
     generic ones its inputs allow, then its own."""
-    defn = op if isinstance(op, Definition) else load(op)
+    defn = definition_of(op)
     hooks = hooks_of(defn)
     applies = {"magnitude": _activation(defn, hooks) is not None,
                "zero_rows": _activation(defn, hooks) is not None,
