@@ -13,6 +13,7 @@ import os
 import pytest
 
 from fuseval import cli
+from fuseval.runner import procs
 from problem_folders import tensor, workload, write_problem
 
 
@@ -121,30 +122,9 @@ def test_the_sweep_says_the_share_it_gives_each_problem(tmp_path, capsys, monkey
 _SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine, 234)
 
 
-def _descendants(pid: int) -> set[int]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    found, todo = set(), [pid]
-    while todo:
-        for c in children.get(todo.pop(), []):
-            found.add(c)
-            todo.append(c)
-    return found
-
-
 def _running(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    fields = procs._stat(pid)
+    return fields is not None and fields[1] not in ("Z", "X")
 
 
 @pytest.mark.parametrize("delivery", ["to_a_thread", "twice"])
@@ -171,7 +151,7 @@ def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path, d
     while not (out / "b_stuck" / "check.txt").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(8)   # the stuck check is past its start, in the reference's sleep
-    steps = _descendants(sweep.pid)
+    steps = {p.pid for p in procs.descendants(sweep.pid)}
     assert steps, "the sweep runs no step"
     if delivery == "to_a_thread":
         threads = [int(t) for t in os.listdir(f"/proc/{sweep.pid}/task") if int(t) != sweep.pid]

@@ -419,8 +419,8 @@ def run(args) -> int:
             drive(list(range(len(folders))), args.jobs, alone=False)
             # a problem out of memory in its share of a GPU may fit the whole GPU: run those
             # again one per GPU, each with all of its GPU
-            again = [i for i, r in enumerate(rows) if r is not None and share is not None
-                     and "out of memory" in (r.reference, r.gate)]
+            again = [] if share is None else [i for i, r in enumerate(rows)
+                                              if r is not None and "out of memory" in (r.reference, r.gate)]
             if again:
                 print(f"fuseval sweep: {len(again)} problem(s) ran out of memory in a {share:.0%} share: "
                       f"again, one per GPU", file=sys.stderr)
