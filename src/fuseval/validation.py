@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from typing import Any, Collection, Sequence
 
 from .definitions import parse_selection
@@ -128,7 +129,7 @@ def check_selection(value: Any, what: str = "cases") -> Any:
         idx = parse_selection(value, 1 << 62)
     except ValueError:
         return value        # malformed: check_cases_in names the cases the operator has
-    dup = sorted({i for i in idx if idx.count(i) > 1})
+    dup = sorted(i for i, times in Counter(idx).items() if times > 1)
     if dup:
         raise UsageError(f"{what}: case selection {value!r} selects case(s) {dup} more than once")
     return value
