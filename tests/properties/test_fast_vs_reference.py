@@ -162,3 +162,36 @@ def test_implementation_that_raises_is_a_failure():
     report = check_implementation(OP_A, broken, profile="ci", shrink=False)
     assert not report.passed and "raised" in " ".join(report.failures[0].messages)
 
+
+
+# --------------------------------------------------------------------------- the operator it is given
+def test_a_definition_under_a_variant_is_checked_under_that_variant():
+    """A Definition carries its variant into the run: the W4A16 variant's own torch baseline
+    passes when given that Definition, and fails the benchmark's W4A4 semantics (the name)."""
+    from fuseval.operators import load, resolve
+    w4a16 = load(OP_B, variant="w4a16")
+    impl = resolve(w4a16.implementations["torch"])
+    options = dict(profile="ci", device="cpu", max_examples=2, metamorphic=False, shrink=False)
+    under_variant = check_implementation(w4a16, impl, **options)
+    assert under_variant.passed, str(under_variant)
+    assert not check_implementation(OP_B, impl, **options).passed
+
+
+def test_the_engine_given_a_record_looks_no_name_up(monkeypatch):
+    """Given the operator's record (or a Definition), the strategies, the bindings they make
+    and the examples' inputs never go back to the registry; a name resolves once."""
+    from fuseval import operators
+    from fuseval.properties import hooks
+    record = operators.record(OP_A)
+    by_name = S.explicit_examples(OP_A)
+    looked_up = []
+    monkeypatch.setattr(hooks, "load", lambda *a, **k: looked_up.append(a) or operators.load(*a, **k))
+    for op in (record, record.definition):
+        examples = S.explicit_examples(op)
+        assert examples == by_name and all(e.binding.operator is record for e in examples)
+        assert examples[0].binding.definition().const_axes == examples[0].binding.config
+        assert S.named_config(op, record.definition.with_config("small").const_axes) == "small"
+        assert len(examples[0].tensors()) == len(record.definition.inputs)
+    assert looked_up == []
+    S.explicit_examples(OP_A)
+    assert looked_up == [(OP_A,)]

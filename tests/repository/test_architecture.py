@@ -262,13 +262,9 @@ NAME_BOUNDARIES = {
     # data that names its operator: a budget file's "op", a check report's
     "fuseval.budget.budgetfile": {"parse_budget", "load_budget"},
     "fuseval.terminal": {"print_check_report"},
-    # the property engine's public functions take an operator name (its Binding and Example
-    # carry it into the reproduction commands they print)
-    "fuseval.properties.fast_vs_reference": {"check_implementation", "has_tight_bound", "tight_bound"},
-    "fuseval.properties.strategies": {"Binding.definition", "input_modes", "named_config", "axis_bindings",
-                                      "make_recipe", "recipes", "explicit_examples"},
-    "fuseval.properties.satisfiable": {"check_satisfiable", "_candidates"},
-    # (a Definition passes through; a name resolves once, in definition_of)
+    # the property engine's public functions take a record, a Definition or (the Python
+    # API's callers) a name, which resolves once, in definition_of; what they build carries
+    # the record
     "fuseval.properties.hooks": {"definition_of"},
 }
 

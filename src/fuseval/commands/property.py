@@ -56,9 +56,9 @@ def run(args) -> int:
         else:
             consts = base.with_config(args.config).const_axes
     with user_input("--axes"):
-        binding = Binding.make(args.op, consts, args.axes)
+        binding = Binding.make(base, consts, args.axes)
     with user_input("--recipe"):
-        recipe = Recipe.from_json(args.recipe, args.op) if args.mode == "adversarial" else None
+        recipe = Recipe.from_json(args.recipe, base) if args.mode == "adversarial" else None
     example = Example(binding, args.mode, args.seed, recipe)
     impl = get(args.op, args.impl.split(":", 1)[1]) if args.impl.startswith("mutant:") \
         else resolve_impl(base, args.impl)

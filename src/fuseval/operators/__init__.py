@@ -154,8 +154,16 @@ class OperatorRecord:
         """Its definition (seed configuration) under the variant in force
         (:func:`variant_scope`; outside any, the benchmark's semantics): what ``load(name)``
         gives, and what its mutant catalogue is built on."""
-        variant = _VARIANT_SCOPE.get().get(self.name)
-        return self.definition if variant is None else self.definition.with_variant(variant)
+        return self.load()
+
+    def load(self, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
+        """Its definition with a named or custom configuration, under ``variant`` (None: the
+        one :func:`variant_scope` sets now, else the benchmark's semantics): what
+        ``fuseval.operators.load(name, config, variant)`` gives, for a layer that holds the
+        record."""
+        d = self.definition if config == "seed" else self.definition.with_config(config)
+        variant = variant if variant is not None else _VARIANT_SCOPE.get().get(self.name)
+        return d if variant is None else d.with_variant(variant)
 
     def _resolved(self, reference: str | None) -> Any:
         return None if reference is None else self.spec.resolve(reference)
@@ -350,7 +358,7 @@ def variant_scope(variants: Mapping[str, str]):
     This is the one switch a command sets (``--variant``) so that every component it runs
     (check, gate, budget, bench, export, the properties) loads the same semantics."""
     for op, variant in variants.items():
-        load(op).with_variant(variant)          # unknown operator or variant: fail here
+        record(op).definition.with_variant(variant)     # unknown operator or variant: fail here
     token = _VARIANT_SCOPE.set({**_VARIANT_SCOPE.get(), **variants})
     try:
         yield
@@ -365,7 +373,4 @@ def load(name: str, config: str | Mapping[str, int] = "seed", variant: str | Non
     if isinstance(name, Definition):
         d = name if config == "seed" and name.config == "seed" else name.with_config(config)
         return d if variant is None else d.with_variant(variant)
-    d = record(name).definition
-    d = d if config == "seed" else d.with_config(config)
-    variant = variant if variant is not None else _VARIANT_SCOPE.get().get(name)
-    return d if variant is None else d.with_variant(variant)
+    return record(name).load(config, variant)

@@ -39,14 +39,14 @@ from hypothesis.errors import Flaky, Unsatisfiable
 
 from ..operators import implementations as _ops
 from ..check import resolve_device, run_case
-from ..definitions import Case, Tolerance
-from ..operators import load
+from ..definitions import Case, Definition, Tolerance
+from ..operators import OperatorRecord, variant_scope
 from ..errors import OutOfMemory, is_out_of_memory
 from ..memory import DrawBound, draw_budget
 from ..precision import unit_roundoff
 from ..validate import bind_axes, expected_outputs
 from . import invariants as inv
-from .hooks import hooks_of
+from .hooks import hooks_of, record_of
 from .profiles import PROFILE_DEVICE, PROFILE_SPACE, no_shrink, property_seed, property_settings
 from .satisfiable import UnsatisfiableAxes, check_satisfiable, smallest_valid_bytes
 from .strategies import INPUT_MODES, Example, _valid, examples, explicit_examples, input_modes
@@ -55,18 +55,19 @@ __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tig
            "has_tight_bound"]
 
 
-def has_tight_bound(op: str) -> bool:
+def has_tight_bound(op: str | Definition | OperatorRecord) -> bool:
     """Whether ``op``'s hooks give a ``tight_bound`` property."""
-    return hooks_of(load(op)).tight_bound is not None
+    return hooks_of(record_of(op)).tight_bound is not None
 
 
-def tight_bound(op: str, precision: str | None = None) -> float:
+def tight_bound(op: str | Definition | OperatorRecord, precision: str | None = None) -> float:
     """``factor * unit_roundoff(precision)`` of ``op``'s hooks' :class:`TightBound`
     (``precision`` replaces the hooks' working precision; a ValueError names an unknown
     one, and an operator whose hooks give no bound)."""
-    bound = hooks_of(load(op)).tight_bound
+    op = record_of(op)
+    bound = hooks_of(op).tight_bound
     if bound is None:
-        raise ValueError(f"{op}: its property hooks give no tight bound (PropertyHooks.tight_bound is None)")
+        raise ValueError(f"{op.name}: its property hooks give no tight bound (PropertyHooks.tight_bound is None)")
     return bound.factor * unit_roundoff(precision or bound.precision)
 
 
@@ -277,8 +278,8 @@ def evaluate(example: Example, impl: Callable, *, device: torch.device | str = "
         if excused:
             return None, lines, metrics
         return "tolerance", list(result.messages) + lines, metrics
-    if tight and example.well_conditioned and has_tight_bound(example.op):
-        bound = tight_bound(example.op, precision)
+    if tight and example.well_conditioned and has_tight_bound(example.binding.operator):
+        bound = tight_bound(example.binding.operator, precision)
         over = [m for m in result.outputs if not m.rel_l2 <= bound]
         if over:
             return "tight_bound", [f"{m.name}: relative L2 error {m.rel_l2:.3g} > {bound:.3g} "
@@ -356,7 +357,7 @@ class _PropertyRun:
     property is appended to ``failures``, each draw a tolerance miss was excused on to
     ``excused``, each example run counted in ``counter``. ``bound`` is the memory bound per
     draw, lowered where the oracle of a draw within it ran out of memory."""
-    op: str
+    operator: OperatorRecord
     label: str
     dev: torch.device
     seed: int | None
@@ -370,7 +371,7 @@ class _PropertyRun:
 
     def run(self, name: str, strategy, check: Callable[[Example], tuple[str | None, list[str], list]],
             starters: list[Example], settings_: settings) -> None:
-        op, label, dev, seed, bound, failures, counter = (self.op, self.label, self.dev, self.seed,
+        op, label, dev, seed, bound, failures, counter = (self.operator.name, self.label, self.dev, self.seed,
                                                           self.bound, self.failures, self.counter)
         state: dict[str, Any] = {}
 
@@ -418,7 +419,7 @@ class _PropertyRun:
                               f"{_mib(bound.bytes)}): "
                               f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
         except Unsatisfiable as exc:
-            smallest = smallest_valid_bytes(op, self.space)
+            smallest = smallest_valid_bytes(self.operator, self.space)
             if bound.lowered or (bound.bytes is not None and smallest is not None and smallest > bound.bytes):
                 ooms = self.ooms
                 raise OutOfMemory(
@@ -453,7 +454,7 @@ def _impl_label(impl: str | Callable) -> str:
     return f"mutant:{name}" if name else _ops.impl_label(impl)
 
 
-def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
+def check_implementation(op: str | Definition | OperatorRecord, impl: str | Callable, profile: str = "ci",
                          device: str | torch.device | None = None, *,
                          max_examples: int | None = None, seed: int | None = None,
                          shrink: bool = True, precision: str | None = None,
@@ -471,9 +472,24 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
     implementation's working precision for the tight bound (a name of
     :data:`fuseval.precision.PRECISIONS`: float32 / fp32, tf32, bfloat16 / bf16, float16...).
     The properties checked are in the report's ``properties``: ``tight_bound`` only for
-    operators whose hooks give one."""
+    operators whose hooks give one.
+
+    ``op``: the operator's name, its record, or a Definition of it; the configuration drawn
+    from is the profile's, the semantics those of the Definition's variant (else the one
+    :func:`~fuseval.operators.variant_scope` sets)."""
+    record = record_of(op)
+    own = {record.name: op.variant} if isinstance(op, Definition) and op.variant != record.load().variant else {}
+    with variant_scope(own):
+        return _check_implementation(record, impl, profile, device, max_examples=max_examples, seed=seed,
+                                     shrink=shrink, precision=precision, modes=modes, metamorphic=metamorphic,
+                                     explicit=explicit)
+
+
+def _check_implementation(op: OperatorRecord, impl: str | Callable, profile: str, device, *,
+                          max_examples: int | None, seed: int | None, shrink: bool, precision: str | None,
+                          modes: Sequence[str], metamorphic: bool, explicit: bool) -> PropertyReport:
     start = time.perf_counter()
-    base = load(op)
+    base = op.load()
     if precision is not None:
         tight_bound(op, precision)      # an unknown precision, or an operator without the bound, fails here
     fn = _ops.resolve_impl(base, impl)
@@ -510,7 +526,7 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
 
     allowed = input_modes(op, modes)
     if not allowed:
-        raise ValueError(f"{op}: modes: none of {list(modes)} is an input mode of the operator "
+        raise ValueError(f"{op.name}: modes: none of {list(modes)} is an input mode of the operator "
                          f"(its modes: {input_modes(op)})")
     check_satisfiable(op, space)
     # (an explicit binding that breaks the constraints is left out: check_satisfiable found others)
@@ -531,6 +547,6 @@ def check_implementation(op: str, impl: str | Callable, profile: str = "ci",
         run_property("metamorphic", examples(op, space, meta_modes, max_bytes=bound.start), meta, meta_starters,
                      meta_settings)
 
-    return PropertyReport(op, label, profile, str(dev), failures, counter["n"],
+    return PropertyReport(op.name, label, profile, str(dev), failures, counter["n"],
                           time.perf_counter() - start, properties, excused,
                           None if not bound.lowered else bound.bytes)

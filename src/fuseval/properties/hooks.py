@@ -42,7 +42,7 @@ if TYPE_CHECKING:                     # annotations only: strategies imports thi
     from .strategies import Example, Recipe
 
 __all__ = ["PropertyHooks", "TightBound", "Magnitudes", "RecipeFeature", "ExtraExample", "VarSpace",
-           "MetamorphicCheck", "AdversarialHook", "hooks_of", "definition_of"]
+           "MetamorphicCheck", "AdversarialHook", "hooks_of", "definition_of", "record_of"]
 
 
 # the generic fields of an adversarial recipe (fuseval.properties.strategies.Recipe, which
@@ -224,6 +224,12 @@ def definition_of(op: str | Definition) -> Definition:
     """``op`` itself where it is a Definition (what the layers below pass), else the
     operator the name resolves to (a caller of the Python API's)."""
     return op if isinstance(op, Definition) else load(op)
+
+
+def record_of(op: str | Definition | OperatorRecord) -> OperatorRecord:
+    """The record of ``op``: ``op`` itself, a Definition's, or that of the operator a name
+    resolves to (through :func:`definition_of`, the engine's one lookup by name)."""
+    return op if isinstance(op, OperatorRecord) else definition_of(op).operator
 
 
 def hooks_of(op: Definition | OperatorRecord) -> PropertyHooks:

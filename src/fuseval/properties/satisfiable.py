@@ -7,9 +7,10 @@ naming the constraints and what was tried.
 """
 from __future__ import annotations
 
-from ..operators import load
+from ..definitions import Definition
 from ..errors import BadFileError
-from .hooks import hooks_of
+from ..operators import OperatorRecord
+from .hooks import hooks_of, record_of
 from .profiles import Space
 from .strategies import Binding, _explicit_bindings, _fits, _space, _start_consts
 
@@ -20,10 +21,10 @@ class UnsatisfiableAxes(BadFileError):
     """No binding of an operator's axis space satisfies its definition's constraints."""
 
 
-def _candidates(op: str, sp) -> tuple[list[Binding], int | None]:
+def _candidates(op: OperatorRecord, sp) -> tuple[list[Binding], int | None]:
     """The bindings a space surely offers (its explicit bindings, the exact bindings and the
     corners of the ranges of the hooks' ``var_space``) and its element limit."""
-    base = load(op)
+    base = op.load()
     hooks = hooks_of(base)
     vs = hooks.var_space.get(sp.name)
     consts = _start_consts(base, sp)
@@ -36,21 +37,22 @@ def _candidates(op: str, sp) -> tuple[list[Binding], int | None]:
     return candidates, (vs.max_elements if vs is not None else None)
 
 
-def smallest_valid_bytes(op: str, space: Space | str = "small") -> int | None:
+def smallest_valid_bytes(op: str | Definition | OperatorRecord, space: Space | str = "small") -> int | None:
     """The bytes (:func:`~fuseval.memory.draw_bytes`) of the smallest candidate binding of
     the space that satisfies the constraints (None: none does)."""
-    candidates, limit = _candidates(op, _space(space))
+    candidates, limit = _candidates(record_of(op), _space(space))
     sizes = [b.planned_bytes() for b in candidates if _fits(b, limit)]
     return min(sizes) if sizes else None
 
 
-def check_satisfiable(op: str, space: Space | str = "small") -> None:
+def check_satisfiable(op: str | Definition | OperatorRecord, space: Space | str = "small") -> None:
     """Raise :class:`UnsatisfiableAxes` when none of the candidate bindings of ``op``'s axis
     space (its explicit bindings, the exact bindings and the corners of the ranges of its
     hooks' ``var_space``) satisfies the definition's constraints: every draw would then be
     rejected, and a property run could say nothing."""
     sp = _space(space)
-    base = load(op)
+    op = record_of(op)
+    base = op.load()
     vs = hooks_of(base).var_space.get(sp.name)
     candidates, limit = _candidates(op, sp)
     if any(_fits(b, limit) for b in candidates):
@@ -59,7 +61,7 @@ def check_satisfiable(op: str, space: Space | str = "small") -> None:
     rules = ", ".join(repr(e) for e, _ in base.constraints) or "none"
     size = f" and at most {limit} input elements" if limit is not None else ""
     ranges = dict(vs.ranges) if vs is not None else "the profile's"
-    raise UnsatisfiableAxes(f"{op}: no binding of its var axes {base.var_axes} satisfies its constraints "
+    raise UnsatisfiableAxes(f"{op.name}: no binding of its var axes {base.var_axes} satisfies its constraints "
                             f"({rules}){size} in the {sp.name} space: every draw would be rejected (expected "
                             f"at least one valid binding; tried {tried}{'...' if len(candidates) > 6 else ''}; "
                             f"ranges {ranges})")

@@ -41,18 +41,18 @@ import functools
 import json
 import math
 import shlex
-from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping, Sequence, Union
 
 import torch
 from hypothesis import assume
 from hypothesis import strategies as st
 
 from ..definitions import Definition
-from ..operators import load
+from ..operators import OperatorRecord
 from ..inputs import MODES, DrawnInputs, generate_inputs, input_generator
 from ..memory import DRAW_COPIES, draw_bytes
-from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, definition_of, hooks_of
+from .hooks import GENERIC_RECIPE_FIELDS, PropertyHooks, hooks_of, record_of
 from .profiles import SPACES, Space
 from ..definitions import evaluate_expression
 
@@ -63,9 +63,15 @@ __all__ = ["Binding", "Recipe", "Example", "axis_bindings", "draw_bytes", "DRAW_
 INPUT_MODES = ("benchmark", "realistic", "adversarial")
 
 
-def input_modes(op: str, modes: Sequence[str] = INPUT_MODES) -> list[str]:
+# Every public function below takes the operator as its record, a Definition of it (what
+# the layers below pass) or its name (a caller of the Python API's); ``record_of`` resolves a
+# name once. What they build (bindings, examples) carries the record.
+Operator = Union[str, Definition, OperatorRecord]
+
+
+def input_modes(op: Operator, modes: Sequence[str] = INPUT_MODES) -> list[str]:
     """The modes of ``modes`` that ``op`` has (its hooks' ``input_modes``; all by default)."""
-    have = hooks_of(load(op)).input_modes
+    have = hooks_of(record_of(op)).input_modes
     return [m for m in modes if have is None or m in have]
 
 
@@ -76,14 +82,17 @@ def _space(space: Space | str) -> Space:
 # --------------------------------------------------------------------------- bindings
 @dataclass(frozen=True)
 class Binding:
-    """A full axis binding: the const configuration and the var axes."""
+    """A full axis binding of an operator (its record): the const configuration and the var
+    axes. Two bindings are equal when they name the same operator and axes."""
     op: str
     consts: tuple[tuple[str, int], ...]
     var: tuple[tuple[str, int], ...]
+    operator: OperatorRecord = field(compare=False, repr=False)
 
     @classmethod
-    def make(cls, op: str, consts: Mapping[str, int], var: Mapping[str, int]) -> "Binding":
-        return cls(op, tuple(sorted(consts.items())), tuple(var.items()))
+    def make(cls, op: Operator, consts: Mapping[str, int], var: Mapping[str, int]) -> "Binding":
+        record = record_of(op)
+        return cls(record.name, tuple(sorted(consts.items())), tuple(var.items()), record)
 
     @property
     def config(self) -> dict[str, int]:
@@ -94,7 +103,8 @@ class Binding:
         return dict(self.var)
 
     def definition(self) -> Definition:
-        return load(self.op, named_config(self.op, self.config) or self.config)
+        """The operator's definition at this configuration, under the variant in force."""
+        return self.operator.load(named_config(self.operator, self.config) or self.config)
 
     def planned_bytes(self) -> int:
         """What one example of this binding plans for (:func:`~fuseval.memory.draw_bytes`)."""
@@ -104,7 +114,7 @@ class Binding:
     @property
     def config_arg(self) -> str:
         """A configuration name when the consts equal one, else a JSON mapping."""
-        return named_config(self.op, self.config) or json.dumps(self.config, separators=(",", ":"))
+        return named_config(self.operator, self.config) or json.dumps(self.config, separators=(",", ":"))
 
     def __repr__(self) -> str:
         c = ", ".join(f"{k}={v}" for k, v in self.consts)
@@ -116,9 +126,9 @@ class Binding:
         printer.text(repr(self))
 
 
-def named_config(op: str, consts: Mapping[str, int]) -> str | None:
+def named_config(op: Operator, consts: Mapping[str, int]) -> str | None:
     """The name of the definition's configuration whose const axes equal ``consts``."""
-    base = load(op)
+    base = record_of(op).load()
     for name in base.configs:
         if base.with_config(name).const_axes == dict(consts):
             return name
@@ -182,7 +192,7 @@ def _draw_axis(draw, lo: int, hi: int, step: int) -> int:
 
 
 @st.composite
-def axis_bindings(draw, op: str, space: Space | str = "small", max_bytes: int | None = None) -> Binding:
+def axis_bindings(draw, op: Operator, space: Space | str = "small", max_bytes: int | None = None) -> Binding:
     """Strategy: an axis binding of ``op``.
 
     Scaled-down spaces draw the const configuration too (from the operator's hooks): kv
@@ -195,7 +205,8 @@ def axis_bindings(draw, op: str, space: Space | str = "small", max_bytes: int | 
     the definition's constraints or the space's relations, or exceed the space's element
     limit or ``max_bytes`` (:func:`draw_bytes`), are rejected."""
     sp = _space(space)
-    base = load(op)
+    op = record_of(op)
+    base = op.load()
     hooks = hooks_of(base)
     consts = _start_consts(base, sp)
     if not sp.full:
@@ -256,7 +267,7 @@ class Recipe:
         return json.dumps(changed, separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str | Mapping[str, Any] | None, op: str | None = None) -> "Recipe":
+    def from_json(cls, text: str | Mapping[str, Any] | None, op: "Operator | None" = None) -> "Recipe":
         """The recipe of :meth:`to_json`; ``op`` admits that operator's own features."""
         if not text:
             return cls()
@@ -304,10 +315,9 @@ def _norm_weights(defn: Definition, hooks: PropertyHooks) -> list[str]:
     return [spec.name for spec in defn.inputs if spec.name.endswith("norm_weight")]
 
 
-def recipe_features(op: str | Definition) -> list[str]:
-    """The recipe fields that apply to ``op`` (a name, or the Definition itself): the
-    generic ones its inputs allow, then its own."""
-    defn = definition_of(op)
+def recipe_features(op: Operator) -> list[str]:
+    """The recipe fields that apply to ``op``: the generic ones its inputs allow, then its own."""
+    defn = record_of(op).load()
     hooks = hooks_of(defn)
     applies = {"magnitude": _activation(defn, hooks) is not None,
                "zero_rows": _activation(defn, hooks) is not None,
@@ -318,25 +328,27 @@ def recipe_features(op: str | Definition) -> list[str]:
     return [name for name in _GENERIC_FIELDS if applies[name]] + list(hooks.recipe_features)
 
 
-def make_recipe(op: str | None, **values: Any) -> Recipe:
+def make_recipe(op: Operator | None, **values: Any) -> Recipe:
     """A :class:`Recipe` from field values: the generic fields, plus (with ``op``) that
     operator's own features, kept in its hooks' order and only where they differ from their
     defaults. An unknown field is a ValueError that names the known ones."""
-    own = hooks_of(load(op)).recipe_features if op is not None else {}
+    record = record_of(op) if op is not None else None
+    own = hooks_of(record).recipe_features if record is not None else {}
     unknown = set(values) - set(_GENERIC_FIELDS) - set(own)
     if unknown:
         known = sorted([*_GENERIC_FIELDS, *own])
-        where = f" of {op}" if op is not None else " (name the operator to use its own features)"
+        where = f" of {record.name}" if record is not None else " (name the operator to use its own features)"
         raise ValueError(f"recipe: unknown fields {sorted(unknown)}{where}; known: {known}")
     features = tuple((name, values[name]) for name, feature in own.items()
                      if name in values and values[name] != feature.default)
     return Recipe(**{k: v for k, v in values.items() if k in _GENERIC_FIELDS}, features=features)
 
 
-def recipes(op: str) -> st.SearchStrategy[Recipe]:
+def recipes(op: Operator) -> st.SearchStrategy[Recipe]:
     """Strategy: an adversarial :class:`Recipe` for ``op`` (plain fields first, so they
     shrink to "no change"); only the features that apply to ``op`` are drawn."""
-    own = hooks_of(load(op)).recipe_features
+    op = record_of(op)
+    own = hooks_of(op).recipe_features
     strategies = {name: GENERIC_FEATURES[name] if name in GENERIC_FEATURES else own[name].values
                   for name in recipe_features(op)}
     return st.builds(functools.partial(make_recipe, op), **strategies)
@@ -411,11 +423,12 @@ def _problem_args(defn: Definition) -> list[str]:
     return ["--problem", directory] if directory else []
 
 
-def inputs(op: str, binding: Binding | None = None, mode: str | None = None, *,
+def inputs(op: Operator, binding: Binding | None = None, mode: str | None = None, *,
            space: Space | str = "small") -> st.SearchStrategy[Example]:
     """Strategy: an :class:`Example` of ``op`` (call ``.tensors(device)`` for the inputs).
 
     ``binding`` / ``mode`` fix those parts; left out, they are drawn too."""
+    op = record_of(op)
     b = st.just(binding) if binding is not None else axis_bindings(op, space)
     modes = [mode] if mode is not None else list(INPUT_MODES)
     for m in modes:
@@ -425,10 +438,11 @@ def inputs(op: str, binding: Binding | None = None, mode: str | None = None, *,
 
 
 @st.composite
-def examples(draw, op: str, space: Space | str = "small", modes: Sequence[str] = INPUT_MODES,
+def examples(draw, op: Operator, space: Space | str = "small", modes: Sequence[str] = INPUT_MODES,
              binding: st.SearchStrategy[Binding] | None = None, max_bytes: int | None = None) -> Example:
     """Strategy: binding, mode, seed and (adversarial mode) recipe (``max_bytes``: see
     :func:`axis_bindings`)."""
+    op = record_of(op)
     b = draw(binding if binding is not None else axis_bindings(op, space, max_bytes))
     mode = draw(st.sampled_from(list(modes)))
     recipe = draw(recipes(op)) if mode == "adversarial" else None
@@ -436,7 +450,7 @@ def examples(draw, op: str, space: Space | str = "small", modes: Sequence[str] =
     return Example(b, mode, seed, recipe)
 
 
-def _explicit_bindings(op: str, base: Definition, hooks: PropertyHooks, sp: Space) -> list[Binding]:
+def _explicit_bindings(op: OperatorRecord, base: Definition, hooks: PropertyHooks, sp: Space) -> list[Binding]:
     vs = hooks.var_space.get(sp.name)
     if vs is not None and vs.bindings:
         # the space's first two exact bindings (the same one twice when it has one)
@@ -459,7 +473,7 @@ def _explicit_bindings(op: str, base: Definition, hooks: PropertyHooks, sp: Spac
     return out
 
 
-def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
+def explicit_examples(op: Operator, space: Space | str = "small") -> list[Example]:
     """Examples every property run starts with, whatever the seed: one per input mode and
     one per family of adversarial features (those that apply to ``op``) on the operator's
     two explicit bindings (its hooks' ``explicit_bindings``, chosen where the corners are:
@@ -467,7 +481,8 @@ def explicit_examples(op: str, space: Space | str = "small") -> list[Example]:
     hidden size off the tile sizes), then its hooks' ``extra_examples``. They make the
     suite's verdict on a broken implementation independent of the random draws."""
     sp = _space(space)
-    base = load(op)
+    op = record_of(op)
+    base = op.load()
     hooks = hooks_of(base)
     b1, b2 = _explicit_bindings(op, base, hooks, sp)
     applies = set(recipe_features(op))
