@@ -38,13 +38,14 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+import torch
 
 from .errors import EXIT_BAD_FILE, FusevalError, TimingRefused
 from .jsonio import jsonable, number
 from .terminal import fmt_number
 from ._version import __version__
 from .bench import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, timer_rules
-from .budget import staged_of
+from .budget import run_budget, staged_of
 from .check import check, resolve_device
 from . import operators
 from .operators.implementations import get, impl_label
@@ -239,7 +240,6 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
                         f"{defn.name} check seed {_s} [{done}/{total}] case {r.case}: {case_verdict(r)}"))
         _samples_of_check(rep, per_case, samples, s)
         if use_stages:
-            from .budget import run_budget
             say(f"{defn.name} baseline: budget seed {s}")
             brep = run_budget(defn.name, impl, config=config, cases=indices, device=str(dev), seed=s, mode=mode,
                               baselines=False, isolate=subject.isolate, timeout=timeout,
@@ -256,7 +256,6 @@ def collect(op: str, impl: str | Callable, *, config: str = "small", cases: str 
 
 def _header(defn, impl: str, dev, mode: str, seeds: list[int], sources: list[str]) -> dict[str, Any]:
     """What a baseline was measured with: tool versions, operator, implementation, device."""
-    import torch
     return {
         "schema_version": SCHEMA_VERSION,
         "tool": "fuseval baseline",

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import secrets
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -512,7 +514,6 @@ def run_check(request: CheckRequest) -> CheckReport:
 def draw_seed() -> int:
     """An input seed from the operating system's random source (what ``check`` and the
     gate use unless told a seed): the inputs of a run cannot be known before it."""
-    import secrets
     return secrets.randbelow(2 ** 31 - 1)
 
 
@@ -532,7 +533,6 @@ def _save_case_inputs(folder: str, defn: Definition, case: Case, case_seed: int,
                       device: torch.device, impl, result: CaseResult) -> None:
     """The failing case's inputs (drawn again: the same tensors on the same device) into
     ``folder``, and a message with the file and the command that replays it."""
-    import os
     os.makedirs(folder, exist_ok=True)
     path = os.path.join(folder, f"{defn.name}-{defn.config}-case{case.index}-seed{case_seed}.pt")
     inputs = generate_inputs(defn, case.axes, seed=case_seed, mode=mode, device=device)

@@ -25,6 +25,7 @@ an implementation cannot tell from an input which call of the case it is in.
 from __future__ import annotations
 
 import ast
+import secrets
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -155,7 +156,6 @@ class PartialCall:
 
 def draw_hygiene_seed() -> int:
     """A seed for a case's later calls, from the operating system's random source."""
-    import secrets
     return secrets.randbelow(2 ** 31 - 1) + 1
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import resource
 from typing import Callable, Mapping
 
 import torch
@@ -42,7 +43,6 @@ def _meminfo_available() -> int | None:
 
 def _address_space_left() -> int | None:
     try:
-        import resource
         soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     except (ImportError, ValueError, OSError):
         return None

@@ -221,7 +221,6 @@ class StatsReport:
             text += "; rules broken: " + ", ".join(f"{m.output} {m.metric}" for m in broken[:4])
         elif judged:
             tight = min(judged, key=lambda m: m.margin_fraction)
-            from .terminal import fmt_number
             text += (f"; tightest: {tight.output} {tight.metric} with "
                      f"{fmt_number(100 * tight.margin_fraction, 2, 'g')}% of its allowance left")
         if self.warnings():

@@ -637,7 +637,7 @@ def test_warmup_processes_call_each_shape_and_its_stage_taps(tmp_path, monkeypat
              ("properties", OP, "ci", None),
              ("case", OP, "small", {"seq_len": 32, "batch_size": 1})]
     calls = []
-    monkeypatch.setattr("fuseval.properties.check_implementation",
+    monkeypatch.setattr(warmup, "check_implementation",
                         lambda op, impl, profile, device: calls.append((op, impl, profile, device)))
     for item in items[2:3]:                       # the property run, here (spawned processes import afresh)
         warmup._warm_one(item, "warm_mod:fn", "cpu", "benchmark")

@@ -233,6 +233,77 @@ def test_the_import_scan_sees_cycles_and_upward_imports(tmp_path):
         layer_of("fuseval.a_module_nobody_placed")
 
 
+# --------------------------------------------------------------------------- imports at the top
+# Imports stand at the top of each module. An import inside a function is allowed only
+# - in the interfaces, which import the harness inside each command so that `fuseval --help`
+#   and `fuseval list` start without torch or Hypothesis;
+# - in the modules the confined worker runs before it confines itself (fuseval.runner, the
+#   problem worker's fuseval.interop.problem_code): Landlock restricts only the thread that
+#   asks, and importing torch may start threads;
+# - of a third-party library a command may never need (OPTIONAL_LIBRARIES);
+# - at the sites of DEFERRED, each with why.
+DEFERRING_MODULES = ("fuseval.cli", "fuseval.commands", "fuseval.pytest_plugin", "fuseval.properties.__main__",
+                     "fuseval.runner", "fuseval.interop.problem_code")
+OPTIONAL_LIBRARIES = ("matplotlib", "pandas", "rich", "triton", "landlockpy", "seccomp", "pyseccomp", "safetensors",
+                      "torch.utils.cpp_extension")
+DEFERRED = {
+    # importing fuseval.fast chooses Triton's interpreter on a machine without CUDA: only a
+    # solution written in Triton may need that choice made
+    ("fuseval.interop.solution", "fuseval.fast"),
+    # the Gluon kernels need a Triton with Gluon and a Hopper GPU; they load where a launch uses them
+    ("fuseval.operators.nvfp4_qkv_rope._launch", "fuseval.operators.nvfp4_qkv_rope._gluon"),
+    ("fuseval.operators.qwen2vl_decoder_layer._launch", "fuseval.operators.qwen2vl_decoder_layer._gluon"),
+}
+
+
+def imports_in_functions(module: str, path: pathlib.Path) -> list[tuple[int, str]]:
+    """(line, what is imported) of every import statement inside a function of the file:
+    ``from X import name`` gives X.name, but X for a name of a fuseval module X that is no module."""
+    tree = ast.parse(path.read_text())
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.Import):
+                found += [(node.lineno, a.name) for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - (node.level - 1)]
+                    base = ".".join(parts) + ("." + node.module if node.module else "")
+                found += [(node.lineno, f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES
+                           or not base.startswith("fuseval") else base) for a in node.names]
+    return sorted(set(found))
+
+
+def deferred_without_reason(module: str, path: pathlib.Path) -> list[str]:
+    if module == "fuseval" or any(module == m or module.startswith(m + ".") for m in DEFERRING_MODULES):
+        return []
+    return [f"{module} line {line}: import {target}" for line, target in imports_in_functions(module, path)
+            if not any(target == lib or target.startswith(lib + ".") for lib in OPTIONAL_LIBRARIES)
+            and (module, target) not in DEFERRED]
+
+
+def test_imports_stand_at_the_top_of_each_module():
+    found = [line for m, p in MODULES.items() for line in deferred_without_reason(m, p)]
+    assert not found, ("imports inside functions (move them to the top of the module, or give the reason in "
+                       "DEFERRED):\n" + "\n".join(found))
+
+
+def test_the_deferred_import_scan_sees_imports_inside_functions(tmp_path):
+    # the rule above would pass vacuously if the scan missed one
+    f = tmp_path / "m.py"
+    f.write_text("import os\ndef f():\n    import secrets\n    from . import check\n"
+                 "    class C:\n        def g(self):\n            from matplotlib import pyplot\n")
+    assert imports_in_functions("fuseval.stats", f) == [(3, "secrets"), (4, "fuseval.check"), (7, "matplotlib.pyplot")]
+    assert deferred_without_reason("fuseval.stats", f) == ["fuseval.stats line 3: import secrets",
+                                                           "fuseval.stats line 4: import fuseval.check"]
+    assert deferred_without_reason("fuseval.commands.check", f) == []
+
+
 # --------------------------------------------------------------------------- one operator record
 # The registry resolves an operator's name into its record (``fuseval.operators.OperatorRecord``)
 # once, at the boundary, and attaches it to every Definition it loads (``defn.operator``); the

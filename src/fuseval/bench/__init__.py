@@ -69,6 +69,7 @@ from ..oracles import SOL_REFERENCE
 from ..errors import user_input
 from ..validation import check_cases_in
 from .request import BenchRequest
+from .parts import time_parts
 from ..requests import as_request
 from .clocks import ClockMonitor, summarize as summarize_clocks, wall
 
@@ -348,7 +349,6 @@ def _bench_cases(defn, spec, fns, reference, cases, seed, device, mode, check, h
                 cb.refused[name] = [[r, m] for r, m in run.refused]
                 cb.errors[name] = "timing refused: " + ", ".join(dict.fromkeys(r for r, _ in run.refused))
         if spec.parts is not None and cb.timings.get(spec.fast):
-            from .parts import time_parts
             cb.parts = time_parts(spec.parts(*inputs), ceilings, device, warmup_ms=warmup_ms, rep_ms=rep_ms,
                                   min_reps=min_reps, max_reps=max_reps, flush=flush)
         results.append(cb)

@@ -23,6 +23,8 @@ import math
 import threading
 from typing import Any
 
+import numpy as np
+
 from ..jsonio import number
 from .markdown import _cases, _e, _pct, render_markdown
 
@@ -71,7 +73,6 @@ def _bars(d: dict) -> str | None:
     names = d["stages"]
     if not d["staged"]:
         return None
-    import numpy as np
     series = {"local": [], "propagated": [], "naive_local": [], "limit": []}
     for name in names:
         worst = {k: math.nan for k in series}

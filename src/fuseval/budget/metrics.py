@@ -35,6 +35,7 @@ from ..comparison import read_scalars
 from ..precision import dtype_precision, ulp
 from ..check import compare
 from ..comparison import tolerance_ratios
+from ..inputs import exact_dtype
 
 __all__ = ["error_metrics", "final_metrics", "storage_precision", "tolerance_use", "kth_smallest", "HIST_EDGES", "METRICS",
            "ULP_METRICS", "ABS_METRICS", "REL_METRICS", "TOLERANCE_METRICS"]
@@ -237,7 +238,6 @@ def final_metrics(outputs: Sequence[torch.Tensor], oracle: Sequence[torch.Tensor
     if full:
         # the error metrics of all outputs together (ulps of the float ones: an integer or
         # bool output has no ulp to count in, its verdict is the exact comparison above)
-        from ..inputs import exact_dtype
         floats = [(o, r) for o, r in zip(outputs, oracle) if not exact_dtype(o.dtype)] or list(zip(outputs, oracle))
         outputs, oracle = [o for o, _ in floats], [r for _, r in floats]
         value = torch.cat([o.detach().reshape(-1).to(torch.float64) for o in outputs])

@@ -16,6 +16,7 @@ import ast
 import importlib.util
 import json
 import math
+import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
@@ -372,7 +373,6 @@ class Definition:
         }
 
     def to_solexec_workloads(self, seed: int = 0) -> list[dict[str, Any]]:
-        import uuid
         rows = []
         for case in self.cases():
             inputs = {}

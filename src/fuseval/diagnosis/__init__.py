@@ -27,11 +27,13 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from .anatomy import Finding, OutputAnatomy, anatomy, precision_level
+from .anatomy import Finding, OutputAnatomy, anatomy
 from .hints import Hints, hints_for, input_groups
 from .matching import MutantMatch, agreement_all, rank_mutants, sort_matches
 from .anatomy import agreement
 from .render import full_lines, short_lines
+from .matching import passes
+from .generic import generic_matches
 
 __all__ = ["Diagnosis", "Dependence", "diagnose_case", "diagnose_outputs", "OutputAnatomy", "Finding",
            "MutantMatch", "Hints", "VERDICTS"]
@@ -137,7 +139,6 @@ def diagnose_case(defn, inputs: Sequence[Any], outputs: Sequence[torch.Tensor], 
             explained = any(m.visible and m.agreement >= NEAR for m in matches)
             if not explained:
                 # no catalogue, or nothing in it near: the generic mistakes, through the oracle
-                from .generic import generic_matches
                 generic = generic_matches(defn, inputs, outputs, refs, tol, names)
                 if generic:
                     notes.append(("no mutant catalogue" if not matches else "nothing in the catalogue is near")
@@ -215,7 +216,6 @@ def input_dependence(defn, hints, inputs, outputs, refs, tol, call, reference, r
         err = [(_f64(o) - _f64(r)) for o, r in zip(out, ref)]
         num = math.sqrt(sum(float((e - b).pow(2).sum()) for e, b in zip(err, base_err)))
         rel = num / base_norm if base_norm > 0 else (0.0 if num == 0 else math.inf)
-        from .matching import passes
         fails = not passes(out, ref, tol)
         changes = rel > 0.1
         text = (f"changing only the {g} ({', '.join(members[:4])}{', ...' if len(members) > 4 else ''}) "

@@ -13,6 +13,7 @@ the lifted one take the same path.
 from __future__ import annotations
 
 import math
+import time
 from typing import Any, Callable, Sequence
 
 import torch
@@ -234,7 +235,6 @@ def run_generic(defn: Definition, kind: str, inputs: Sequence[Any], site: int | 
 
 def generic_matches(defn: Definition, inputs, outputs, refs, tol, output_names) -> list:
     """Every generic mistake that applies on ``inputs``, as :class:`MutantMatch` (kind "generic")."""
-    import time
 
     found = []
     tries = []

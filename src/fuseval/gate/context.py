@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+import torch
 
 from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, user_input
 from .. import operators
@@ -85,7 +86,6 @@ def resolve_ops(op: str | Sequence[str]) -> list[str]:
 
 def resolve_device(device: str) -> str:
     """The device after the check's resolution; no CUDA device is the gate's own error."""
-    import torch
     try:
         resolved = check_device(device)
     except NoDeviceError:

@@ -37,6 +37,8 @@ import threading
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any, Callable, Sequence
 
+import torch
+
 from ..memory import apply_cuda_share
 from .context import GateContext
 from .results import ComponentResult
@@ -79,7 +81,6 @@ def _gpu_ids(device: str) -> list[str] | None:
     GPU when it runs on "cuda" (or "cuda:0") and there are two or more, else None."""
     if device not in ("cuda", "cuda:0"):
         return None
-    import torch
     n = torch.cuda.device_count()
     if n < 2:
         return None
@@ -103,7 +104,6 @@ def _init(relay, threads: int, path: list[str], cwd: str, gpus: list[str] | None
     'module:function' imports there as in the parent), the relay, its share of threads,
     and (``gpus``) a GPU of its own, seen as cuda:0 here and by its implementation worker."""
     global _relay
-    import sys
     sys.path[:] = path
     os.chdir(cwd)
     _relay = relay
@@ -112,7 +112,6 @@ def _init(relay, threads: int, path: list[str], cwd: str, gpus: list[str] | None
             k = counter.value
             counter.value += 1
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[k % len(gpus)]
-    import torch
     torch.set_num_threads(threads)
     apply_cuda_share()   # the parent's share of the GPU, where it was given one
 
@@ -224,7 +223,6 @@ def _own_stream(device: str):
     if not str(device).startswith("cuda"):
         yield
         return
-    import torch
     dev = torch.device(device)
     stream = torch.cuda.Stream(dev)
     stream.wait_stream(torch.cuda.current_stream(dev))

@@ -20,6 +20,7 @@ from ..operators.implementations import impl_label, missing_implementation
 from ..runner import isolation
 from ..runner.isolation import decide
 from . import parallel
+from . import warmup as _warmup
 
 
 def stderr_progress(stream: TextIO | None = None) -> Callable[[str], None]:
@@ -151,7 +152,6 @@ def run_request(request: GateRequest) -> GateReport:
     plan = _plan(op, names, impl, s, chosen)
     warm = None
     if request.warmup:
-        from . import warmup as _warmup
         warm = _warmup.start([p for p in plan if isinstance(p, GateContext)], impl, s.device, s.mode,
                              isolated=decide(impl, s.isolate), progress=s.progress, components=chosen)
     try:

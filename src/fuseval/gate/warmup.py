@@ -25,9 +25,13 @@ import os
 import sys
 import time
 from typing import Any, Callable, Sequence
+
+import torch
+
 from ..inputs import generate_inputs
 from ..operators import load
 from ..operators.implementations import resolve_impl
+from ..properties import check_implementation
 
 __all__ = ["Warmup", "plan", "shapes", "spawn", "start"]
 
@@ -71,10 +75,8 @@ def plan(contexts: Sequence[Any], components: Sequence[str], processes: int) -> 
 
 def _warm_one(item: tuple, impl: str, device: str, mode: str) -> None:
     """One item of :func:`plan`: a case shape's calls, or an operator's property checks."""
-    import torch
     kind, op, config, axes = item
     if kind == "properties":
-        from ..properties import check_implementation
         check_implementation(op, impl, profile=config, device=device)
         return
     defn = load(op, config)

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 from ..errors import BadFileError
 from ..definitions import nearest_binding
 from ..inputs import TORCH_DTYPES
+from .blobs import unreadable
 
 __all__ = ["Problem", "Workload", "ProblemError", "read_problem", "module_name",
            "fuseval_tolerance", "TOLERANCE_DEFAULTS", "PROBLEM_PATH_VARIABLE"]
@@ -321,7 +322,6 @@ def _read_workloads(path: str, problem_inputs: Mapping[str, Any], axes_spec: Map
                 raise ProblemError(f"{where}: input {name!r} is a tensor in the definition, the workload "
                                    "gives a scalar")
             if kind == "safetensors" and unsupported is None:
-                from .blobs import unreadable
                 unsupported = unreadable(os.path.dirname(path), name, spec)
             elif kind not in _SUPPORTED_INPUT_TYPES and unsupported is None:
                 unsupported = f"input {name!r} is {kind} (fuseval draws random, scalar and custom inputs only)"

@@ -23,6 +23,8 @@ See docs/properties.md.
 """
 from __future__ import annotations
 
+import importlib
+
 from . import hooks, invariants, profiles, strategies
 from .fast_vs_reference import (Failure, PropertyReport, check_implementation, evaluate, has_tight_bound,
                                 tight_bound)
@@ -37,6 +39,5 @@ __all__ = ["check_implementation", "evaluate", "PropertyReport", "Failure", "tig
 def __getattr__(name):
     # the mutant machinery is imported on first use
     if name == "mutants":
-        import importlib
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(name)

@@ -38,6 +38,7 @@ from typing import Callable
 
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.database import InMemoryExampleDatabase
+from hypothesis import seed as hypothesis_seed
 
 __all__ = ["Space", "SPACES", "PROFILE_SPACE", "PROFILE_DEVICE", "PROPERTY_EXAMPLES", "register_profiles",
            "load_profile", "profile_settings", "property_settings", "active_profile", "property_seed",
@@ -158,7 +159,6 @@ def load_profile(name: str | None = None) -> str:
 
 def seeded(test: Callable) -> Callable:
     """Apply ``FUSEVAL_PROPERTY_SEED`` (when set) to a ``@given`` test as its seed."""
-    from hypothesis import seed as hypothesis_seed
     value = property_seed()
     return hypothesis_seed(value)(test) if value is not None else test
 

@@ -41,6 +41,7 @@ import glob
 import os
 import resource
 import sys
+import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -276,7 +277,6 @@ def _environment(plan: Plan) -> None:
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(plan.cache, "inductor"))
     os.environ["PYTHONDONTWRITEBYTECODE"] = "1"
     sys.dont_write_bytecode = True
-    import tempfile
     tempfile.tempdir = plan.scratch
     os.chdir(plan.scratch)
 
@@ -351,7 +351,6 @@ MIN_OPEN_FILES = 256
 def ensure_open_files(need: int = MIN_OPEN_FILES) -> None:
     """Raise the soft open-file limit to ``need`` where the hard limit allows it; a
     :class:`~fuseval.errors.ResourceLimitError` saying what to do where it does not."""
-    import resource
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY or soft >= need:
         return

@@ -13,6 +13,7 @@ can write into outputs after they were checked.
 from __future__ import annotations
 
 import builtins
+import importlib
 import threading
 import time
 import weakref
@@ -59,7 +60,6 @@ WATCHED: tuple[tuple[str, str], ...] = tuple(
 
 
 def _lookup(module: str, attr: str) -> Any:
-    import importlib
     if module == "builtins":
         obj: Any = builtins
     elif module == "torch.Tensor":

@@ -46,6 +46,8 @@ import torch
 from ...operators import OperatorSpec
 from ..sol_problem import PROBLEM_PATH_VARIABLE, Problem, ProblemError, module_name, read_problem
 from .. import problem_code, solution, workload_inputs as problem_inputs
+from ..budget import budget_file
+from ..properties import problem_hooks
 
 __all__ = ["remember", "spec_of", "operator_spec", "ProblemSpec"]
 
@@ -87,7 +89,6 @@ class ProblemSpec(OperatorSpec):
     def data_path(self, filename: str) -> str:
         if filename == self.budget:
             # the folder's own budget file, else the budget derived from its workloads
-            from ..budget import budget_file
             return budget_file(read_problem(self.directory))
         return os.path.join(self.directory, filename)
 
@@ -159,7 +160,6 @@ def _populate(module: types.ModuleType, problem: Problem) -> None:
 
     def __getattr__(attr: str):
         if attr == "PROPERTY_HOOKS":       # the property engine's facts (fuseval.interop.properties)
-            from ..properties import problem_hooks
             module.PROPERTY_HOOKS = problem_hooks(problem)
             return module.PROPERTY_HOOKS
         if attr == "DEFINITION_TEXT":      # built on first use: it raises for what fuseval cannot check

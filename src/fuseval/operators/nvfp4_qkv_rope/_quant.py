@@ -18,6 +18,7 @@ global_decode(x) from the device (fp32), so no host round trip separates the lau
 from __future__ import annotations
 
 import contextlib
+import numpy
 from dataclasses import asdict, dataclass
 
 import torch
@@ -346,7 +347,6 @@ def _quant_plan(m: int, k: int, cfg: QuantConfig) -> _QuantPlan:
 def _quiet_numpy(interp: bool):
     if not interp:
         return contextlib.nullcontext()
-    import numpy
     return numpy.errstate(divide="ignore", over="ignore", invalid="ignore")
 
 

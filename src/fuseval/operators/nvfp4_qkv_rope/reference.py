@@ -16,7 +16,6 @@ Hopper serving kernels usually do) has no ``act_quant`` stage.
 from __future__ import annotations
 
 import functools
-import math
 import weakref
 from typing import Any, Mapping, MutableMapping
 
@@ -25,7 +24,7 @@ import torch
 from .. import load
 from ...refimpl import nvfp4
 from ...refimpl import stages as st
-from ...validate import accepts_benchmark_dtypes
+from ...validate import accepts_benchmark_dtypes, bind_axes
 from ...inputs import input_generator
 
 NAME = "nvfp4_qkv_rope"
@@ -66,7 +65,6 @@ def reference(hidden_states, cos, sin,
             k_proj_weight_fp4, k_proj_scale, k_proj_global_decode_scale, v_proj_weight_fp4,
             v_proj_scale, v_proj_global_decode_scale, q_norm_weight, k_norm_weight, rms_norm_eps)
     if validate:
-        from ...validate import bind_axes
         bind_axes(load(NAME), args)
     override = override or {}
 

@@ -94,6 +94,7 @@ from ._launch import (compile_only, interpreting, launch_attention, launch_gate_
 from ._plans import (MROPE_LAYOUTS, NAME, PRECISIONS, AttnConfig, GemmConfig, Plan, Shape, Tables,
                      check_choice, plan_for)
 from .. import load
+from ...validate import bind_axes
 
 __all__ = ["forward", "forward_staged", "forward_hf_mrope", "forward_hf_mrope_staged", "variant", "MUTANTS",
            "PRECISIONS", "DEFAULT_PRECISION", "MROPE_LAYOUTS", "STAGES", "options", "with_tables", "tables",
@@ -204,7 +205,6 @@ def shape_of(inputs: Sequence[Any]) -> Shape:
     key = _signature(inputs)
     sh = _SHAPES.get(key)
     if sh is None:
-        from ...validate import bind_axes
         a = bind_axes(_definition(), inputs, check_values=False)
         D = a["head_dim"]
         if D < 16 or D & (D - 1):

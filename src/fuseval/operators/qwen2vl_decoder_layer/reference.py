@@ -25,6 +25,7 @@ from .. import load
 from ...refimpl import stages as st
 from ...torch_flags import matmul_flags
 from ...inputs import default_realistic_inputs, positions_to_cos_sin
+from ...validate import bind_axes
 
 NAME = "qwen2vl_decoder_layer"
 
@@ -68,7 +69,6 @@ def reference(hidden_states, input_layernorm_weight, q_proj_weight, q_proj_bias,
             post_attention_layernorm_weight, gate_proj_weight, up_proj_weight, down_proj_weight,
             rms_norm_eps)
     if validate:
-        from ...validate import bind_axes
         bind_axes(load(NAME), args)
     up = lambda t: t.to(dtype)
     override = override or {}

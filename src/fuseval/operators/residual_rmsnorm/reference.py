@@ -12,6 +12,7 @@ import torch
 
 from .. import load
 from ...refimpl import stages as st
+from ...validate import bind_axes
 
 NAME = "residual_rmsnorm"
 
@@ -28,7 +29,6 @@ def reference(hidden_states, residual, rms_norm_weight, rms_norm_eps, *,
     stage's output and the pipeline continues from it; ``stages`` is the namespace of
     stage functions (the budget's naive and the mutants swap one out)."""
     if validate:
-        from ...validate import bind_axes
         bind_axes(load(NAME), (hidden_states, residual, rms_norm_weight, rms_norm_eps))
     override = override or {}
 
