@@ -27,6 +27,7 @@ import math
 import mmap
 import os
 import socket
+import threading
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -130,15 +131,25 @@ def _pool(device):
     return pools[index]
 
 
+# One thread at a time routes its allocations into the shared pool: torch routes a pool's
+# allocations by thread and refuses a second thread while one is routing into it ("already
+# recording to mempool_id"), which the gate's operator threads, sharing inputs with their
+# workers at once, ran into.
+_POOL_LOCK = threading.Lock()
+
+
 @contextlib.contextmanager
 def _in_pool(device):
+    """The current thread's CUDA allocations on ``device`` go to the shared pool (keep the
+    block to the allocations: other threads wait for it)."""
     torch = _torch()
-    pool = _pool(device)
-    if pool is None:
-        yield
-        return
-    with torch.cuda.device(device), torch.cuda.use_mem_pool(pool):
-        yield
+    with _POOL_LOCK:
+        pool = _pool(device)
+        if pool is None:
+            yield
+            return
+        with torch.cuda.device(device), torch.cuda.use_mem_pool(pool):
+            yield
 
 
 def share_inputs(inputs: Sequence[Any]) -> Shared:

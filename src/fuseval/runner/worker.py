@@ -368,6 +368,11 @@ class Worker:
         try:
             reply = self._receive(deadline)
             self._answer(reply, res, expected, want_taps, keep, deadline, len(inputs) + len(override))
+        except BaseException:
+            # fuseval's side broke off the exchange (the worker may be waiting for its output
+            # buffers): a worker left mid-exchange would read the next call as this one's
+            self.kill()
+            raise
         finally:
             self._after_call(shared, res)
         return res
