@@ -111,12 +111,26 @@ def layer_of(module: str) -> int:
     return where
 
 
+def package_of(module: str, path: pathlib.Path) -> str:
+    """The package a relative import in ``path`` (module ``module``) is relative to."""
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imported_module(node: ast.ImportFrom, package: str) -> str:
+    """The absolute name of the module of ``from ... import`` in ``package``."""
+    if not node.level:
+        return node.module or ""
+    parts = package.split(".")
+    parts = parts[:len(parts) - (node.level - 1)]
+    return ".".join(parts) + ("." + node.module if node.module else "")
+
+
 def imports_of(module: str, path: pathlib.Path) -> dict[str, list[int]]:
     """{fuseval module imported: [line, ...]} of every import statement in the file (those
     inside functions too; ``if TYPE_CHECKING:`` blocks, which never run, left out). ``from
     X import name`` counts as importing the module X.name where that is a module, else X."""
     tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = package_of(module, path)
     skipped = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
@@ -129,11 +143,7 @@ def imports_of(module: str, path: pathlib.Path) -> dict[str, list[int]]:
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                parts = parts[:len(parts) - (node.level - 1)]
-                base = ".".join(parts) + ("." + node.module if node.module else "")
+            base = imported_module(node, package)
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
         for target in targets:
             while target and target not in MODULES:
@@ -260,7 +270,7 @@ def imports_in_functions(module: str, path: pathlib.Path) -> list[tuple[int, str
     """(line, what is imported) of every import statement inside a function of the file:
     ``from X import name`` gives X.name, but X for a name of a fuseval module X that is no module."""
     tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    package = package_of(module, path)
     found = []
     for function in ast.walk(tree):
         if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -269,11 +279,7 @@ def imports_in_functions(module: str, path: pathlib.Path) -> list[tuple[int, str
             if isinstance(node, ast.Import):
                 found += [(node.lineno, a.name) for a in node.names]
             elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    parts = package.split(".")
-                    parts = parts[:len(parts) - (node.level - 1)]
-                    base = ".".join(parts) + ("." + node.module if node.module else "")
+                base = imported_module(node, package)
                 found += [(node.lineno, f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES
                            or not base.startswith("fuseval") else base) for a in node.names]
     return sorted(set(found))
@@ -344,20 +350,13 @@ def name_lookups(module: str, path: pathlib.Path) -> list[tuple[str, int, str]]:
     """(function, line, call) of every call in the file of a registry resolver (RESOLVERS),
     bound by ``from ... import`` or through its module (``operators.spec``, ``_ops.get``)."""
     tree = ast.parse(path.read_text())
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-
-    def absolute(node: ast.ImportFrom) -> str:
-        if not node.level:
-            return node.module or ""
-        parts = package.split(".")
-        parts = parts[:len(parts) - (node.level - 1)]
-        return ".".join(parts) + ("." + node.module if node.module else "")
+    package = package_of(module, path)
 
     functions: dict[str, str] = {}       # local name -> "resolver module:function"
     modules: dict[str, str] = {}         # local name -> resolver module
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom):
-            base = absolute(node)
+            base = imported_module(node, package)
             for a in node.names:
                 if f"{base}.{a.name}" in RESOLVERS:
                     modules[a.asname or a.name] = f"{base}.{a.name}"
