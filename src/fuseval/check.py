@@ -53,7 +53,7 @@ from .validate import bind_axes, check_outputs_shape, expected_outputs
 from . import diagnosis
 from .inputs import load_inputs, save_inputs
 from .requests import CheckRequest, as_request
-from .validation import check_cases_in
+from .options import check_cases_in
 from .runner import integrity, isolation
 
 __all__ = ["compare", "OutputMetrics", "CaseResult", "CheckReport", "check", "run_case",

@@ -34,7 +34,7 @@ import torch
 
 from .definitions import TensorSpec, Tolerance
 from .inputs import exact_dtype
-from .validation import check_one_of
+from .options import check_one_of
 
 __all__ = ["RULES", "OutputMetrics", "compare", "BlindOutput", "blind_outputs", "rms", "BLIND_FRACTION",
            "read_scalars"]

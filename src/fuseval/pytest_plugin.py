@@ -106,10 +106,10 @@ def _option(config, name: str) -> Any:
 
 def _settings(config) -> dict[str, Any]:
     """The gate's options from pytest's command line or ini file, checked by the gate
-    request's helpers (:mod:`fuseval.validation`), as ``fuseval gate`` checks them."""
+    request's helpers (:mod:`fuseval.options`), as ``fuseval gate`` checks them."""
     from .commands import as_number
     from .errors import UsageError
-    from .validation import check_one_of, check_seeds, check_timeout
+    from .options import check_one_of, check_seeds, check_timeout
     components = _option(config, "components") or ",".join(COMPONENT_NAMES)
     names = [c.strip() for c in str(components).split(",") if c.strip()]
     seeds, timeout = _option(config, "seeds"), _option(config, "timeout")

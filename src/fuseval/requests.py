@@ -6,7 +6,7 @@ bench's and the gate's extend :class:`Request` in their packages
 The Python API and the command line build the same request: the Python API from its
 keyword arguments, the command line from its options (``cli=True``, so that an error
 names ``--timeout`` rather than ``timeout``). ``request.validated()`` checks every option
-that does not depend on the operator with the helpers of :mod:`fuseval.validation` and
+that does not depend on the operator with the helpers of :mod:`fuseval.options` and
 returns the request normalised; what depends on the operator (its configuration, whether
 the selected cases exist) is checked where the operator is loaded, by the same helpers,
 naming the option the same way. The code a request is handed trusts it.
@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .comparison import RULES
 from .inputs import MODES
-from .validation import check_device, check_one_of, check_seed, check_selection, check_timeout, option_name
+from .options import check_device, check_one_of, check_seed, check_selection, check_timeout, option_name
 
 __all__ = ["CheckRequest", "Request", "DIAGNOSE_LEVELS", "as_request"]
 

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Iterable, Sequence
 from .check import run_check
 from .requests import CheckRequest
-from .validation import check_fraction, check_seeds, check_selection
+from .options import check_fraction, check_seeds, check_selection
 from .terminal import fmt_number
 
 __all__ = ["MetricStats", "StatsReport", "check_over_seeds", "judge", "seed_list", "seed_values",
@@ -50,7 +50,7 @@ SEED_STRIDE = 1000
 
 def seed_list(n: int, base: int = 0) -> list[int]:
     """``n`` seeds for a repeated check: base, base + 1000, base + 2000, ... (``n`` >= 1:
-    :func:`fuseval.validation.check_seeds`)."""
+    :func:`fuseval.options.check_seeds`)."""
     check_seeds(n)
     return [base + SEED_STRIDE * k for k in range(n)]
 

@@ -1,5 +1,5 @@
 """Validate once: every option of check, gate, budget and bench is checked by one helper of
-fuseval.validation, where the entry point's request is built, and the command line builds
+fuseval.options, where the entry point's request is built, and the command line builds
 the same request as the Python API. Each helper refuses a bad value with a UsageError that
 names the input, what was expected and what was given; the command line and the Python API
 say the same of the same bad option (each naming it in its own spelling); and no helper's
@@ -19,7 +19,7 @@ from fuseval.budget.request import BudgetRequest
 from fuseval.errors import EXIT_USAGE, UsageError
 from fuseval.gate.request import GateRequest
 from fuseval.requests import CheckRequest
-from fuseval import validation as v
+from fuseval import options as v
 
 OP = "nvfp4_qkv_rope"
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "fuseval"
@@ -244,5 +244,5 @@ def test_no_validation_message_is_written_twice(call, text, rendered):
         call()
     assert (rendered or text) in str(e.value), (text, str(e.value))    # the table describes the helper
     found = _written_in(text)
-    assert len(found) == 1, f"{text!r} is written in {found}: one rule, one message, in fuseval.validation " \
+    assert len(found) == 1, f"{text!r} is written in {found}: one rule, one message, in fuseval.options " \
                             "(or the request module that owns it)"

@@ -69,7 +69,7 @@ def test_every_operator_is_a_package_with_its_data():
 LAYERS = [
     ("base", ["fuseval._version", "fuseval.errors", "fuseval.jsonio", "fuseval.memory", "fuseval.torch_flags",
               "fuseval.precision", "fuseval.fast", "fuseval.refimpl"]),
-    ("data", ["fuseval.definitions", "fuseval.validation"]),
+    ("data", ["fuseval.definitions", "fuseval.options"]),
     ("operator model", ["fuseval.operators", "fuseval.operators.implementations", "fuseval.operators.mutants",
                         "fuseval.inputs", "fuseval.validate", "fuseval.staged"]),
     ("comparison", ["fuseval.comparison", "fuseval.hygiene"]),

@@ -67,7 +67,7 @@ from ..inputs import generate_inputs
 from ..operators.implementations import resolve_impl
 from ..oracles import SOL_REFERENCE
 from ..errors import user_input
-from ..validation import check_cases_in
+from ..options import check_cases_in
 from .request import BenchRequest
 from .parts import time_parts
 from ..requests import as_request

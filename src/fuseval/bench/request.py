@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import UsageError
 from ..requests import Request
-from ..validation import check_at_least
+from ..options import check_at_least
 from .ceilings import MAX_REPS, MIN_REPS, REP_MS, WARMUP_MS, Ceilings
 
 __all__ = ["BenchRequest"]

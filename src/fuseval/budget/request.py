@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 from ..requests import Request
-from ..validation import check_at_least
+from ..options import check_at_least
 
 __all__ = ["BudgetRequest"]
 

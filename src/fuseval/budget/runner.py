@@ -49,7 +49,7 @@ from .naive import emulated_stages
 from .report import BudgetCase, BudgetReport, EndToEnd, StageResult
 from .request import BudgetRequest
 from ..requests import as_request
-from ..validation import check_cases_in
+from ..options import check_cases_in
 from ..hygiene import draw_hygiene_seed, judge_partial_calls, partial_calls
 from ..runner.in_process import Local
 from ..runner.isolation import IsolationViolation, describe_exception

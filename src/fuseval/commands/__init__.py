@@ -3,10 +3,10 @@
 A command validates what the user gave before any work. ``check``, ``gate``, ``budget``
 and ``bench`` build the request of their entry point from their options (``cli=True``:
 its errors name the options) and hand it to the entry point, which validates it once
-(:mod:`fuseval.requests`, :mod:`fuseval.validation`): argparse here only reads the text
+(:mod:`fuseval.requests`, :mod:`fuseval.options`): argparse here only reads the text
 of a number as a number (:func:`as_number`), so that a bad value gets the same message as
 from the Python API. The other commands check their options in argparse (``parse_*``
-below, through the same :mod:`fuseval.validation` helpers), the operator, configuration
+below, through the same :mod:`fuseval.options` helpers), the operator, configuration
 and cases through :func:`operator_definition`, paths through :func:`writable_file` /
 :func:`writable_folder`. A mistake is raised as a :class:`~fuseval.errors.FusevalError`
 with its exit code; a library function that says "bad input" with a ValueError is called
@@ -24,7 +24,7 @@ def operator_definition(op: str, config="seed", cases=None, what_config: str = "
     against its cases: an unknown operator is its own error, a bad configuration or
     selection a usage error naming the option."""
     from ..operators import load
-    from ..validation import check_cases_in, check_selection
+    from ..options import check_cases_in, check_selection
     with user_input(what_config):
         defn = load(op, config)
     check_cases_in(check_selection(cases, what_cases), len(defn.seed_cases), what_cases)
@@ -91,7 +91,7 @@ def as_number(value: str):
 
 
 def _argparse_check(check, value, *args):
-    """``check(value, *args)`` of :mod:`fuseval.validation` as an argparse type, for the
+    """``check(value, *args)`` of :mod:`fuseval.options` as an argparse type, for the
     commands that check their options in argparse (the message is the helper's)."""
     import argparse
     from ..errors import UsageError
@@ -102,28 +102,28 @@ def _argparse_check(check, value, *args):
 
 
 def parse_seed(value: str) -> int:
-    from ..validation import check_seed
+    from ..options import check_seed
     return _argparse_check(check_seed, as_number(value), "seed")
 
 
 def parse_device(value: str) -> str:
     """'cpu', 'cuda' or 'cuda:N': anything else (tpu, meta, a typo) is a usage error here,
-    before any work (:func:`fuseval.validation.check_device`)."""
-    from ..validation import check_device
+    before any work (:func:`fuseval.options.check_device`)."""
+    from ..options import check_device
     return _argparse_check(check_device, value, "device")
 
 
 def parse_cases(value: str) -> str:
     """A case selection ('0,3,5-7', 'all'): empty selections and cases selected twice are
     usage errors (the range against the operator's cases is checked when it is loaded)."""
-    from ..validation import check_selection
+    from ..options import check_selection
     return _argparse_check(check_selection, value.strip(), "cases")
 
 
 def at_least(low: float, kind: type = float):
     """An argparse type: a number of ``kind`` >= ``low`` (NaN rejected;
-    :func:`fuseval.validation.check_at_least`)."""
-    from ..validation import check_at_least
+    :func:`fuseval.options.check_at_least`)."""
+    from ..options import check_at_least
 
     def parse(value: str):
         return kind(_argparse_check(check_at_least, as_number(value), low, "value", kind))
@@ -132,7 +132,7 @@ def at_least(low: float, kind: type = float):
 
 
 def parse_seeds(value: str) -> int:
-    from ..validation import check_seeds
+    from ..options import check_seeds
     return _argparse_check(check_seeds, as_number(value), "seeds")
 
 

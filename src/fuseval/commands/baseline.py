@@ -161,6 +161,6 @@ def _implementation_failed(doc) -> tuple[int, list[str]] | None:
 
 
 def run(args) -> int:
-    from ..validation import check_timeout
+    from ..options import check_timeout
     check_timeout(args.timeout, "--timeout")        # read by add_isolation_arguments, checked here
     return _save(args) if args.action == "save" else _compare(args)

@@ -68,7 +68,7 @@ def request_of(args):
     (``--skip`` names components; the request checks that something is left to run)."""
     from ..gate import COMPONENTS, stderr_progress
     from ..gate.request import GateRequest
-    from ..validation import check_one_of
+    from ..options import check_one_of
     skip = [check_one_of(s.strip(), COMPONENTS, "--skip") for s in args.skip.split(",") if s.strip()]
     return GateRequest(args.op, args.impl, profile=args.profile, device=args.device, config=args.config,
                        cases=args.cases, seeds=args.seeds, mode=args.mode,

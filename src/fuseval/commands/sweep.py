@@ -346,7 +346,7 @@ JOBS_PER_GPU = 4
 
 def run(args) -> int:
     from ..errors import EXIT_INTERNAL, UsageError
-    from ..validation import check_at_least, check_one_of
+    from ..options import check_at_least, check_one_of
     check_at_least(args.jobs, 1, "--jobs", int)
     if args.timeout <= 0:
         raise UsageError(f"--timeout: expected seconds > 0, got {args.timeout}")

@@ -17,7 +17,7 @@ from ..operators import load
 from ..operators.implementations import impl_label, resolve_impl
 from ..runner.isolation import decide, requested, worker_for
 from ..stats import DEFAULT_WARN_MARGIN, seed_list
-from ..validation import check_cases_in
+from ..options import check_cases_in
 from .profiles import COMPONENTS, Profile, profile_of
 from .request import GateRequest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..validation import check_device, check_one_of
+from ..options import check_device, check_one_of
 
 __all__ = ["COMPONENTS", "PROFILES", "Profile", "device_name", "profile_of"]
 
@@ -48,5 +48,5 @@ def profile_of(profile: str | Profile, what: str = "profile") -> Profile:
 
 def device_name(value: str) -> str:
     """'cpu', 'cuda' or 'cuda:N'; anything else (tpu, meta, a typo) is a usage error
-    (:func:`fuseval.validation.check_device`)."""
+    (:func:`fuseval.options.check_device`)."""
     return check_device(value)

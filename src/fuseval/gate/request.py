@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ..errors import UsageError
 from ..requests import Request
-from ..validation import check_fraction, check_jobs, check_one_of, check_seeds, check_selection
+from ..options import check_fraction, check_jobs, check_one_of, check_seeds, check_selection
 from .profiles import COMPONENTS, Profile, profile_of
 
 __all__ = ["GateRequest"]

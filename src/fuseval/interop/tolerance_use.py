@@ -26,7 +26,7 @@ import torch
 from ..check import compare
 from ..definitions import Tolerance, axes_label
 from ..terminal import fmt_number
-from ..validation import check_at_least
+from ..options import check_at_least
 from . import workload_inputs as problem_inputs
 from . import lift
 from .sol_problem import Problem, Workload, fuseval_tolerance, read_problem
