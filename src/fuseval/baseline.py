@@ -38,6 +38,7 @@ import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
+
 import torch
 
 from .errors import EXIT_BAD_FILE, FusevalError, TimingRefused

@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-import secrets
 import os
+import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Sequence

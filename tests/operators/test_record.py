@@ -60,8 +60,8 @@ def test_a_definition_travels_to_another_process_as_data():
     assert dataclasses.asdict(defn)["operator"]["spec"]["name"] == OP
 
 
-def test_in_force_is_what_load_gives_under_the_variant_scope():
+def test_the_records_load_is_what_load_gives_under_the_variant_scope():
     record = operators.record(VARIANT_OP)
-    assert record.in_force() is record.definition
+    assert record.load() is record.definition
     with operators.variant_scope({VARIANT_OP: record.variants[1]}):
-        assert record.in_force() == load(VARIANT_OP) and record.in_force().variant == record.variants[1]
+        assert record.load() == load(VARIANT_OP) and record.load().variant == record.variants[1]

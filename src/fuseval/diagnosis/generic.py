@@ -205,7 +205,7 @@ def _run_under_mode(defn: Definition) -> Callable | None:
 def _reference_runner(defn: Definition) -> Callable[[Sequence[Any]], tuple]:
     """How to run the float64 reference of one of fuseval's own operators (under the
     variant in force, as its mutants are)."""
-    ref = resolve_impl(defn.operator.in_force(), "reference")
+    ref = resolve_impl(defn.operator.load(), "reference")
 
     def run_reference(inputs):
         outs = ref(*inputs)

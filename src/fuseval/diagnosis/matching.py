@@ -75,7 +75,7 @@ def _prefix_taps(defn: Definition, inputs) -> tuple[dict, list[str]]:
     """The unmutated pipeline's stage taps in float32 (the mutants' own reference: the
     operator under the variant in force, which its catalogue is built on), and the
     definition's stage order."""
-    defn = defn.operator.in_force()
+    defn = defn.operator.load()
     taps: dict = {}
     ref = resolve_impl(defn, "reference")
     ref(*inputs, taps=taps, override={}, dtype=torch.float32, validate=False)

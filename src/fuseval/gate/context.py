@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
+
 import torch
 
 from ..errors import EXIT_NO_DEVICE, BadFileError, ImplementationError, NoDeviceError, UnknownOperatorError, user_input

@@ -150,17 +150,12 @@ class OperatorRecord:
     def package(self) -> str:
         return self.spec.package
 
-    def in_force(self) -> Definition:
-        """Its definition (seed configuration) under the variant in force
-        (:func:`variant_scope`; outside any, the benchmark's semantics): what ``load(name)``
-        gives, and what its mutant catalogue is built on."""
-        return self.load()
-
     def load(self, config: str | Mapping[str, int] = "seed", variant: str | None = None) -> Definition:
         """Its definition with a named or custom configuration, under ``variant`` (None: the
         one :func:`variant_scope` sets now, else the benchmark's semantics): what
         ``fuseval.operators.load(name, config, variant)`` gives, for a layer that holds the
-        record."""
+        record. ``load()``, the seed configuration under the variant in force, is what its
+        mutant catalogue is built on."""
         d = self.definition if config == "seed" else self.definition.with_config(config)
         variant = variant if variant is not None else _VARIANT_SCOPE.get().get(self.name)
         return d if variant is None else d.with_variant(variant)

@@ -18,9 +18,9 @@ global_decode(x) from the device (fp32), so no host round trip separates the lau
 from __future__ import annotations
 
 import contextlib
-import numpy
 from dataclasses import asdict, dataclass
 
+import numpy
 import torch
 from ... import fast as _kernel_runtime  # noqa: F401  (before triton: selects the interpreter on CPU-only machines)
 import triton
