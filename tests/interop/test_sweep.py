@@ -122,11 +122,6 @@ def test_the_sweep_says_the_share_it_gives_each_problem(tmp_path, capsys, monkey
 _SYS_TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine, 234)
 
 
-def _running(pid: int) -> bool:
-    fields = procs._stat(pid)
-    return fields is not None and fields[1] not in ("Z", "X")
-
-
 @pytest.mark.parametrize("delivery", ["to_a_thread", "twice"])
 def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path, delivery):
     """``timeout`` (SIGTERM) stopping a sweep ends the steps it started, which run in
@@ -168,7 +163,7 @@ def test_a_stopped_sweep_kills_its_running_steps_and_keeps_its_table(tmp_path, d
     assert sweep.returncode == 128 + signal.SIGTERM, err
     assert "stopped by SIGTERM after 2 of 2 problems" in err
     time.sleep(0.5)
-    left = [pid for pid in steps if _running(pid)]
+    left = [pid for pid in steps if procs.alive(pid)]
     assert not left, f"the stopped sweep left its steps' processes {left} running"
     with open(out / "sweep.json") as f:
         rows = {os.path.basename(r["folder"]): r for r in json.load(f)["rows"]}

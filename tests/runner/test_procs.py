@@ -66,13 +66,13 @@ def test_a_worker_ends_when_fuseval_is_killed_in_the_middle_of_a_call(tmp_path):
         time.sleep(0.2)
     assert workers, "the check started no worker"
     time.sleep(5)      # the worker is in the sleeper's call
-    assert all(procs._stat(w.pid) is not None for w in workers)
+    assert all(procs.alive(w.pid) for w in workers)
     check.send_signal(signal.SIGKILL)
     check.wait()
     deadline = time.monotonic() + 5
     alive = [w.pid for w in workers]
     while alive and time.monotonic() < deadline:
-        alive = [pid for pid in alive if (s := procs._stat(pid)) is not None and s[1] not in ("Z", "X")]
+        alive = [pid for pid in alive if procs.alive(pid)]
         time.sleep(0.1)
     for pid in alive:
         os.kill(pid, signal.SIGKILL)

@@ -22,7 +22,7 @@ import signal
 import time
 from dataclasses import dataclass
 
-__all__ = ["Proc", "session_processes", "end_session", "descendants", "cpu_seconds", "written_pages", "CLOCK_TICKS"]
+__all__ = ["Proc", "session_processes", "end_session", "descendants", "alive", "cpu_seconds", "written_pages", "CLOCK_TICKS"]
 
 try:
     CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -56,6 +56,16 @@ def _stat(pid: int | str) -> list[str] | None:
     return [raw[left + 1:right]] + raw[right + 2:].split()
 
 
+# the states of /proc/PID/stat of a process that has ended (zombie, dead)
+_ENDED = ("Z", "X")
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not ended (a zombie has)."""
+    fields = _stat(pid)
+    return fields is not None and fields[1] not in _ENDED
+
+
 def _live_processes() -> list[Proc]:
     """Every live (not zombie) process /proc shows."""
     found = []
@@ -71,7 +81,7 @@ def _live_processes() -> list[Proc]:
         if fields is None or len(fields) < 5:
             continue
         state, ppid, sid = fields[1], int(fields[2]), int(fields[4])
-        if state not in ("Z", "X"):
+        if state not in _ENDED:
             found.append(Proc(int(entry), ppid, sid, state, fields[0]))
     return found
 
